@@ -1,0 +1,53 @@
+"""The `pycollective` command line (also `python -m pycollective`).
+
+Subcommands live in their own modules and are imported only when chosen, so one with
+heavy or missing dependencies cannot break the others. A subcommand module provides
+
+    add_arguments(parser: argparse.ArgumentParser) -> None
+    main(args: argparse.Namespace) -> int
+
+and is registered with one line in SUBCOMMANDS below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("pycollective.launch", "start N ranks of a program with the torchrun environment"),
+}
+
+
+def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
+    """The full parser; only the `chosen` subcommand's module is imported."""
+    parser = argparse.ArgumentParser(
+        prog="pycollective", description="Collective communication for Python."
+    )
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            module.add_arguments(p)
+            p.set_defaults(_handler=module.main)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in args_list if not a.startswith("-")), None)
+    parser = build_parser(chosen if chosen in SUBCOMMANDS else None)
+    args = parser.parse_args(args_list)
+    handler = getattr(args, "_handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    return int(handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

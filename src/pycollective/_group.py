@@ -1,0 +1,270 @@
+"""Process groups: who takes part, in which order, and how a collective is run for them.
+
+A World is what init_process_group builds once per process: the transport to every other
+rank, the store, the engine that orders operations, and scratch memory. A ProcessGroup is a
+subset of the world's ranks (the world itself included) with its own id and sequence
+counter; every frame it sends carries both, so groups never confuse each other's messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from . import _tuning, schedule
+from ._dtypes import DType
+from ._engine import Engine
+from ._errors import CollectiveError, UsageError
+from ._executor import ScratchPool, run_schedule
+from ._reduce_ops import ReduceOp, finish_average, kernel
+from ._work import Work
+from .transport import _wire
+from .transport._base import Transport
+from .transport._wire import Header
+
+log = logging.getLogger("pycollective")
+
+# Every algorithm name gets a one-byte code for the frame header.
+_ALGO_NAMES = sorted({a for algos in schedule.ALGORITHMS.values() for a in algos} | {"p2p"})
+ALGO_CODE = {name: i + 1 for i, name in enumerate(_ALGO_NAMES)}
+
+
+@lru_cache(maxsize=4096)
+def _cached_schedule(
+    collective: str,
+    algorithm: str,
+    rank: int,
+    size: int,
+    count: int,
+    root: int,
+    segment: int,
+    send_counts: tuple[int, ...] | None,
+    recv_counts: tuple[int, ...] | None,
+) -> schedule.Schedule:
+    return schedule.build(
+        collective,
+        algorithm,
+        rank,
+        size,
+        count,
+        root=root,
+        segment=segment,
+        send_counts=send_counts,
+        recv_counts=recv_counts,
+    )
+
+
+@dataclass
+class World:
+    """Per-process state shared by every group of one init_process_group."""
+
+    rank: int
+    size: int
+    transport: Transport | None
+    store: Any
+    timeout: float
+    backend: str = "pycollective"
+    transport_name: str = "tcp"
+    engine: Engine = field(default_factory=Engine)
+    pool: ScratchPool = field(default_factory=ScratchPool)
+    group_counts: dict[tuple[int, ...], int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    closed: bool = False
+
+
+class ProcessGroup:
+    """A set of global ranks that run collectives together (torch's ProcessGroup)."""
+
+    def __init__(
+        self,
+        world: World,
+        ranks: Sequence[int],
+        group_id: int,
+        name: str,
+        timeout: float | None = None,
+    ) -> None:
+        self.world = world
+        self.ranks: tuple[int, ...] = tuple(ranks)
+        self.group_id = group_id
+        self.group_name = name
+        self.timeout = world.timeout if timeout is None else timeout
+        self._rank = self.ranks.index(world.rank) if world.rank in self.ranks else -1
+        self._seq = 0
+        self._failed: CollectiveError | None = None
+
+    # torch spells these as methods
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def is_member(self) -> bool:
+        return self._rank >= 0
+
+    def group_rank(self, global_rank: int, what: str = "rank") -> int:
+        try:
+            return self.ranks.index(global_rank)
+        except ValueError:
+            raise UsageError(
+                f"{what} {global_rank} is not a member of this group (ranks {list(self.ranks)})"
+            ) from None
+
+    def __repr__(self) -> str:
+        return f"<ProcessGroup {self.group_name} ranks={list(self.ranks)} rank={self._rank}>"
+
+    # ------------------------------------------------------------------ running collectives
+
+    def check_usable(self) -> None:
+        if self.world.closed:
+            raise UsageError("the process group was destroyed; call init_process_group again")
+        if self._failed is not None:
+            raise CollectiveError(
+                f"this group is unusable after an earlier failure: {self._failed}"
+            ) from self._failed
+
+    def choose_algorithm(
+        self, collective: str, algorithm: str | None, count: int, dtype: DType, root: int
+    ) -> str:
+        names = schedule.ALGORITHMS[collective]
+        chosen = (
+            algorithm or os.environ.get(f"PYCOLLECTIVE_{collective.upper()}_ALGORITHM") or "auto"
+        )
+        if chosen == "auto":
+            if len(names) == 1:
+                return names[0]
+            params = _tuning.cost_params(self.world.transport_name)
+            best = schedule.cost.select(
+                collective, self.size(), count, dtype.itemsize, params, root=root
+            )
+            log.debug(
+                "auto chose %s for %s of %d x %s on %d ranks",
+                best,
+                collective,
+                count,
+                dtype.name,
+                self.size(),
+            )
+            return best
+        if chosen not in names:
+            raise UsageError(
+                f"unknown algorithm {chosen!r} for {collective}; choose one of {['auto', *names]}"
+            )
+        return chosen
+
+    def run_collective(
+        self,
+        collective: str,
+        *,
+        arrays: dict[str, np.ndarray],
+        dtype: DType,
+        count: int,
+        algorithm: str | None = None,
+        op: ReduceOp | None = None,
+        root: int = 0,
+        header_count: int | None = None,
+        send_counts: tuple[int, ...] | None = None,
+        recv_counts: tuple[int, ...] | None = None,
+        after: Callable[[], None] | None = None,
+        async_op: bool = False,
+        result: Any = None,
+    ) -> Work | None:
+        """Run one collective on this rank: choose, build, execute, finish (AVG, copies out).
+
+        `root` is a group rank. Arguments must already be validated: from here on a failure
+        is a failure of the group, reported to every peer.
+        """
+        self.check_usable()
+        algo = self.choose_algorithm(collective, algorithm, count, dtype, root)
+        segment = max(1, _tuning.CHAIN_SEGMENT_BYTES // dtype.itemsize)
+        sched = _cached_schedule(
+            collective,
+            algo,
+            self._rank,
+            self.size(),
+            count,
+            root,
+            segment,
+            send_counts,
+            recv_counts,
+        )
+        seq = self._seq
+        self._seq += 1
+        header = Header(
+            _wire.DATA,
+            _wire.KIND_CODE[collective],
+            dtype.code,
+            int(op) if op is not None else 0,
+            ALGO_CODE[algo],
+            self.group_id,
+            seq,
+            0,
+            root,
+            count if header_count is None else header_count,
+            0,
+        )
+        red_kernel = kernel(op, dtype) if op is not None else None
+        label = f"{collective}#{seq}({algo}, {count} x {dtype.name})"
+        world = self.world
+
+        def job() -> None:
+            self.check_usable()
+            deadline = time.monotonic() + self.timeout
+            try:
+                if world.transport is not None or self.size() == 1:
+                    run_schedule(
+                        sched,
+                        arrays,
+                        dtype,
+                        red_kernel,
+                        world.transport,
+                        self.ranks,
+                        header,
+                        deadline,
+                        world.pool,
+                        label,
+                    )
+            except CollectiveError as exc:
+                self.fail(exc)
+                raise
+            if after is not None:
+                after()
+
+        if async_op:
+            return world.engine.submit(job, Work(label, result))
+        world.engine.run(job)
+        return None
+
+    def fail(self, exc: CollectiveError) -> None:
+        """Mark the group unusable and tell its other members why (best effort)."""
+        if self._failed is None:
+            self._failed = exc
+            transport = self.world.transport
+            if transport is not None:
+                peers = [r for r in self.ranks if r != self.world.rank]
+                transport.abort(peers, self.group_id, exc)
+
+
+def average_after(
+    arr: np.ndarray, dtype: DType, op: ReduceOp | None, divisor: int
+) -> Callable[[], None] | None:
+    if op is not ReduceOp.AVG:
+        return None
+    return lambda: finish_average(arr, dtype, divisor)
+
+
+def group_id_for(ranks: Sequence[int], nth: int) -> int:
+    """A group id every member computes alike: from the ranks and how many groups with
+    those same ranks were made before."""
+    text = f"{','.join(map(str, ranks))}#{nth}".encode()
+    return zlib.crc32(text) or 1

@@ -1,0 +1,79 @@
+"""The small interface every transport implements.
+
+A transport moves framed messages between the ranks of one job. It knows nothing of
+collectives: the executor hands it, for one round of a schedule, the messages to send and
+the receives to complete, and `exchange` drives them all concurrently until done, an
+error, or the deadline.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from .._errors import CollectiveError
+from ._wire import Header
+
+ANY_SOURCE = -1
+
+
+@dataclass(eq=False)
+class OutMessage:
+    """A message to send: `header` (its nbytes is len(payload)) then the payload bytes."""
+
+    peer: int
+    header: Header
+    payload: memoryview
+    done: bool = False
+
+
+@dataclass(eq=False)
+class InMessage:
+    """A receive to complete from `peer` (a global rank, or ANY_SOURCE for point-to-point).
+
+    `expect` is the header we expect: its key selects the message, its other fields are
+    checked (a difference is a MismatchError). `on_data(n)` is called as payload bytes
+    land, with the number received so far, so a reduction can overlap the transfer.
+    """
+
+    peer: int
+    expect: Header
+    dest: memoryview
+    on_data: Callable[[int], None] | None = None
+    done: bool = False
+    source: int = -1  # the rank the message came from (useful with ANY_SOURCE)
+    header: Header | None = field(default=None, repr=False)  # what actually arrived
+
+
+class Transport(ABC):
+    rank: int
+    size: int
+
+    @abstractmethod
+    def exchange(
+        self,
+        sends: Sequence[OutMessage],
+        recvs: Sequence[InMessage],
+        deadline: float | None,
+        group: int,
+        label: str = "",
+    ) -> None:
+        """Run every send and receive to completion, concurrently.
+
+        Raises TransportError when a peer involved is lost, CollectiveTimeout at the
+        deadline (time.monotonic()), MismatchError when a peer's header disagrees, and the
+        reported error when a peer of `group` aborted.
+        """
+
+    @abstractmethod
+    def abort(self, peers: Iterable[int], group: int, error: CollectiveError) -> None:
+        """Tell `peers` (best effort, never blocking long) that `group` failed with `error`."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release every socket and buffer. Never hangs, even with peers gone."""
+
+    def lost_peers(self) -> dict[int, str]:
+        """Peers whose connection is gone, with the reason."""
+        return {}

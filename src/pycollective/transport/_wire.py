@@ -1,0 +1,130 @@
+"""The frame header every data message carries (DESIGN.md section 3).
+
+The receiver checks it against what it expects, so two ranks that called different
+collectives (or the same one with different dtypes, counts, roots or ops) find out at the
+first message instead of hanging or computing garbage.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from .. import _dtypes
+
+MAGIC = b"PC"
+VERSION = 1
+
+# Frame types
+DATA = 1  # a step of a collective
+P2P = 2  # send/recv between two ranks, matched by tag in FIFO order
+ABORT = 3  # a rank failed; payload is the UTF-8 reason, `kind` is the error class code
+
+_STRUCT = struct.Struct("<2sBBBBBBIQIiQQ")
+SIZE = _STRUCT.size
+MAX_ABORT_PAYLOAD = 64 * 1024
+
+# Collective kinds (codes on the wire)
+KINDS = (
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "reduce_scatter",
+    "gather",
+    "scatter",
+    "all_to_all",
+    "barrier",
+    "send_recv",
+)
+KIND_CODE = {name: i + 1 for i, name in enumerate(KINDS)}
+KIND_NAME = {code: name for name, code in KIND_CODE.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    frame: int
+    kind: int
+    dtype: int
+    op: int
+    algo: int
+    group: int
+    seq: int
+    tag: int
+    root: int
+    count: int
+    nbytes: int
+
+    def pack(self) -> bytes:
+        return _STRUCT.pack(
+            MAGIC,
+            VERSION,
+            self.frame,
+            self.kind,
+            self.dtype,
+            self.op,
+            self.algo,
+            self.group,
+            self.seq,
+            self.tag,
+            self.root,
+            self.count,
+            self.nbytes,
+        )
+
+    def with_tag(self, tag: int, nbytes: int) -> Header:
+        return Header(
+            self.frame,
+            self.kind,
+            self.dtype,
+            self.op,
+            self.algo,
+            self.group,
+            self.seq,
+            tag,
+            self.root,
+            self.count,
+            nbytes,
+        )
+
+    @property
+    def key(self) -> tuple[int, int, int, int]:
+        """What a receive matches on: frame type, group, sequence number, tag."""
+        return (self.frame, self.group, self.seq, self.tag)
+
+    def describe(self) -> str:
+        kind = KIND_NAME.get(self.kind, f"<kind {self.kind}>")
+        if self.frame == P2P:
+            return (
+                f"send(tag={self.tag}, dtype={_dtypes.code_name(self.dtype)}, bytes={self.nbytes})"
+            )
+        return (
+            f"{kind}(#{self.seq}, dtype={_dtypes.code_name(self.dtype)}, count={self.count}, "
+            f"root={self.root}, op={self.op}, algorithm={self.algo})"
+        )
+
+
+class FrameError(ValueError):
+    """Bytes that are not a valid header."""
+
+
+def unpack(data: bytes | memoryview) -> Header:
+    fields = _STRUCT.unpack(data)
+    if fields[0] != MAGIC:
+        raise FrameError(f"bad magic {fields[0]!r}")
+    if fields[1] != VERSION:
+        raise FrameError(f"unsupported frame version {fields[1]}")
+    if fields[2] not in (DATA, P2P, ABORT):
+        raise FrameError(f"unknown frame type {fields[2]}")
+    return Header(*fields[2:])
+
+
+def meta_differences(got: Header, want: Header) -> list[str]:
+    """The fields in which a peer's collective differs from ours (tags excluded)."""
+    diffs = []
+    names = ("kind", "dtype", "count", "root", "op", "algo")
+    for name in names:
+        a, b = getattr(got, name), getattr(want, name)
+        if a != b:
+            diffs.append(name)
+    return diffs

@@ -1,0 +1,642 @@
+"""TCP transport: one authenticated, full-duplex connection per pair of ranks.
+
+A single-threaded progress engine (non-blocking sockets and a selector) drives every send
+and receive of a round at once, so a ring step sends and receives at the same time and
+two ranks that both send large messages to each other cannot deadlock: while a rank waits
+on anything it keeps reading, and a message that arrives before its receive is posted is
+kept (bounded) until it is. Payloads go straight from the caller's memory to the socket
+and from the socket into the destination (`sendmsg`, `recv_into`): no copies, no
+per-element Python loops.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import selectors
+import socket
+import struct
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from .. import _auth
+from .._errors import (
+    AuthenticationError,
+    CollectiveError,
+    CollectiveTimeout,
+    MismatchError,
+    TransportError,
+    UsageError,
+)
+from . import _wire
+from ._base import ANY_SOURCE, InMessage, OutMessage, Transport
+from ._wire import Header
+
+log = logging.getLogger("pycollective.transport")
+
+_HELLO = struct.Struct("<4sII")  # b"HELO", rank, world size
+_PURPOSE = b"transport"
+MAX_FRAME_BYTES = 1 << 40  # a peer's length beyond this is a protocol error, not a malloc
+DEFAULT_MAX_UNEXPECTED = 8 << 30  # bytes held for receives not yet posted
+
+_ERROR_CODES: dict[type[CollectiveError], int] = {
+    CollectiveError: 1,
+    TransportError: 2,
+    CollectiveTimeout: 3,
+    MismatchError: 4,
+    UsageError: 5,
+}
+_ERROR_TYPES = {code: cls for cls, code in _ERROR_CODES.items()}
+
+
+def _error_code(exc: BaseException) -> int:
+    for cls in type(exc).__mro__:
+        if cls in _ERROR_CODES:
+            return _ERROR_CODES[cls]
+    return 1
+
+
+class _Conn:
+    """One peer's socket with its receive state machine and its send queue."""
+
+    __slots__ = (
+        "peer",
+        "sock",
+        "hdr",
+        "hdr_got",
+        "cur",
+        "target",
+        "stash",
+        "view",
+        "got",
+        "outq",
+        "out_hdr",
+        "out_sent",
+        "writing",
+        "lost",
+    )
+
+    def __init__(self, peer: int, sock: socket.socket) -> None:
+        self.peer = peer
+        self.sock = sock
+        self.hdr = bytearray(_wire.SIZE)
+        self.hdr_got = 0
+        self.cur: Header | None = None  # header of the payload being read
+        self.target: InMessage | None = None  # where it goes, if a receive was posted
+        self.stash: np.ndarray | None = None  # else, where it is kept
+        self.view: memoryview | None = None
+        self.got = 0
+        self.outq: deque[OutMessage] = deque()
+        self.out_hdr = b""
+        self.out_sent = 0  # bytes of header+payload of outq[0] already sent
+        self.writing = False
+        self.lost: str | None = None
+
+
+class TCPTransport(Transport):
+    """Full mesh of TCP connections among `size` ranks. Build it with `connect_mesh`."""
+
+    def __init__(self, rank: int, size: int, conns: dict[int, socket.socket]) -> None:
+        self.rank = rank
+        self.size = size
+        self.max_unexpected = DEFAULT_MAX_UNEXPECTED
+        self._sel = selectors.DefaultSelector()
+        self._conns: dict[int, _Conn] = {}
+        for peer, sock in conns.items():
+            sock.setblocking(False)
+            conn = _Conn(peer, sock)
+            self._conns[peer] = conn
+            self._sel.register(sock, selectors.EVENT_READ, conn)
+        # Receives posted by the exchange in progress, by (peer, key) and for ANY_SOURCE.
+        self._posted: dict[tuple[int, tuple], deque[InMessage]] = {}
+        self._posted_any: dict[tuple, deque[InMessage]] = {}
+        # Messages that arrived before their receive: key -> [(peer, header, payload)].
+        self._unexpected: dict[tuple, deque[tuple[int, Header, np.ndarray]]] = {}
+        self._unexpected_bytes = 0
+        self._aborted: dict[int, CollectiveError] = {}  # group id -> the error a peer reported
+        self._closed = False
+
+    # ------------------------------------------------------------------ public interface
+
+    def lost_peers(self) -> dict[int, str]:
+        return {p: c.lost for p, c in self._conns.items() if c.lost is not None}
+
+    def exchange(
+        self,
+        sends: Sequence[OutMessage],
+        recvs: Sequence[InMessage],
+        deadline: float | None,
+        group: int,
+        label: str = "",
+    ) -> None:
+        if self._closed:
+            raise TransportError("the transport is closed (destroy_process_group was called)")
+        self._raise_if_aborted(group)
+        involved = {m.peer for m in sends} | {m.peer for m in recvs}
+        for peer in involved:
+            self._check_peer(peer)
+        try:
+            for m in recvs:
+                self._post(m)
+            for m in sends:
+                self._enqueue(m)
+            self._drive(sends, recvs, deadline, group, label)
+        except BaseException:
+            self._unpost(recvs)
+            self._drop_unsent(sends)
+            raise
+
+    def abort(self, peers: Iterable[int], group: int, error: CollectiveError) -> None:
+        reason = str(error).encode("utf-8", "replace")[: _wire.MAX_ABORT_PAYLOAD]
+        header = Header(_wire.ABORT, _error_code(error), 0, 0, 0, group, 0, 0, 0, 0, len(reason))
+        frame = header.pack() + reason
+        for peer in peers:
+            conn = self._conns.get(peer)
+            if conn is None or conn.lost is not None:
+                continue
+            # Best effort, and only if no frame is half-sent on this connection (that would
+            # interleave bytes); a peer stuck behind a full socket learns by timeout instead.
+            if conn.out_sent:
+                continue
+            try:
+                n = conn.sock.send(frame)
+                if n < len(frame):  # rare: the socket is full; finish within a short bound
+                    conn.sock.settimeout(0.5)
+                    conn.sock.sendall(frame[n:])
+                    conn.sock.setblocking(False)
+            except OSError:
+                self._lose(conn, "could not deliver an abort notice")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for conn in self._conns.values():
+            try:
+                self._sel.unregister(conn.sock)
+            except (KeyError, ValueError):
+                pass
+            try:
+                conn.sock.close()
+            except OSError:
+                pass
+        self._sel.close()
+        self._unexpected.clear()
+
+    # ------------------------------------------------------------------ posting
+
+    def _check_peer(self, peer: int) -> None:
+        if peer == ANY_SOURCE:
+            lost = self.lost_peers()
+            if lost and len(lost) == len(self._conns):
+                raise TransportError("every peer is gone")
+            return
+        conn = self._conns.get(peer)
+        if conn is None:
+            raise UsageError(
+                f"rank {peer} is not a peer of rank {self.rank} (world size {self.size})"
+            )
+        if conn.lost is not None:
+            raise TransportError(f"rank {peer} is unreachable: {conn.lost}", peer=peer)
+
+    def _post(self, m: InMessage) -> None:
+        key = m.expect.key
+        # A message that came early is delivered from where it was kept.
+        queue = self._unexpected.get(key)
+        if queue:
+            for i, (peer, header, payload) in enumerate(queue):
+                if m.peer in (ANY_SOURCE, peer):
+                    del queue[i]
+                    if not queue:
+                        del self._unexpected[key]
+                    self._unexpected_bytes -= payload.nbytes
+                    self._check_match(peer, header, m)
+                    m.dest[: payload.nbytes] = payload.data
+                    self._complete(m, peer, header)
+                    return
+        if m.peer == ANY_SOURCE:
+            self._posted_any.setdefault(key, deque()).append(m)
+        else:
+            self._posted.setdefault((m.peer, key), deque()).append(m)
+
+    def _unpost(self, recvs: Sequence[InMessage]) -> None:
+        for m in recvs:
+            if m.done:
+                continue
+            for table, k in (
+                (self._posted, (m.peer, m.expect.key)),
+                (self._posted_any, m.expect.key),
+            ):
+                queue = table.get(k)
+                if queue and m in queue:
+                    queue.remove(m)
+                    if not queue:
+                        del table[k]
+            for conn in self._conns.values():
+                if conn.target is m:
+                    # Half-received: the stream position is lost, so is the connection.
+                    self._lose(conn, "a receive was abandoned mid-message")
+
+    def _drop_unsent(self, sends: Sequence[OutMessage]) -> None:
+        for m in sends:
+            if m.done:
+                continue
+            conn = self._conns.get(m.peer)
+            if conn is None or m not in conn.outq:
+                continue
+            if conn.outq[0] is m and conn.out_sent:
+                self._lose(conn, "a send was abandoned mid-message")
+            else:
+                conn.outq.remove(m)
+
+    def _enqueue(self, m: OutMessage) -> None:
+        conn = self._conns[m.peer]
+        conn.outq.append(m)
+        if len(conn.outq) == 1:
+            self._flush(conn)
+
+    # ------------------------------------------------------------------ the progress loop
+
+    def _drive(
+        self,
+        sends: Sequence[OutMessage],
+        recvs: Sequence[InMessage],
+        deadline: float | None,
+        group: int,
+        label: str,
+    ) -> None:
+        select = self._sel.select
+        while True:
+            if all(m.done for m in recvs) and all(m.done for m in sends):
+                return
+            if deadline is None:
+                timeout = 1.0
+            else:
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    raise self._timeout(sends, recvs, label)
+                timeout = min(timeout, 1.0)
+            for key, mask in select(timeout):
+                conn: _Conn = key.data
+                if conn.lost is not None:
+                    continue
+                if mask & selectors.EVENT_WRITE:
+                    self._flush(conn)
+                if mask & selectors.EVENT_READ and conn.lost is None:
+                    self._read(conn)
+            self._raise_if_aborted(group)
+            for m in recvs:
+                if not m.done:
+                    self._raise_if_lost(m.peer)
+            for m in sends:
+                if not m.done:
+                    self._raise_if_lost(m.peer)
+
+    def _timeout(
+        self, sends: Sequence[OutMessage], recvs: Sequence[InMessage], label: str
+    ) -> CollectiveTimeout:
+        waiting = sorted(
+            {m.peer for m in recvs if not m.done} | {m.peer for m in sends if not m.done}
+        )
+        return CollectiveTimeout(
+            f"rank {self.rank}: {label or 'operation'} timed out waiting for rank(s) {waiting}",
+            op=label or None,
+            waiting_on=waiting,
+        )
+
+    def _raise_if_lost(self, peer: int) -> None:
+        if peer == ANY_SOURCE:
+            return
+        conn = self._conns[peer]
+        if conn.lost is not None:
+            raise TransportError(f"rank {self.rank} lost rank {peer}: {conn.lost}", peer=peer)
+
+    def _raise_if_aborted(self, group: int) -> None:
+        exc = self._aborted.get(group)
+        if exc is not None:
+            raise type(exc)(str(exc))
+
+    def _lose(self, conn: _Conn, reason: str) -> None:
+        if conn.lost is not None:
+            return
+        conn.lost = reason
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+
+    # ------------------------------------------------------------------ sending
+
+    def _flush(self, conn: _Conn) -> None:
+        sock = conn.sock
+        while conn.outq:
+            m = conn.outq[0]
+            if conn.out_sent == 0:
+                conn.out_hdr = m.header.pack()
+            hlen = len(conn.out_hdr)
+            total = hlen + m.payload.nbytes
+            sent = conn.out_sent
+            try:
+                if sent < hlen:
+                    n = sock.sendmsg([conn.out_hdr[sent:], m.payload])
+                else:
+                    n = sock.send(m.payload[sent - hlen :])
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                self._lose(conn, f"send failed: {exc.strerror or exc}")
+                return
+            conn.out_sent = sent + n
+            if conn.out_sent < total:
+                break
+            conn.outq.popleft()
+            conn.out_sent = 0
+            m.done = True
+        want_write = bool(conn.outq)
+        if want_write != conn.writing:
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want_write else 0)
+            self._sel.modify(sock, events, conn)
+            conn.writing = want_write
+
+    # ------------------------------------------------------------------ receiving
+
+    def _read(self, conn: _Conn) -> None:
+        sock = conn.sock
+        while True:
+            try:
+                if conn.cur is None:
+                    n = sock.recv_into(memoryview(conn.hdr)[conn.hdr_got :])
+                else:
+                    n = sock.recv_into(conn.view[conn.got :])  # type: ignore[index]
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._lose(conn, f"connection error: {exc.strerror or exc}")
+                return
+            if n == 0:
+                self._lose(conn, "connection closed by peer (process exited or crashed?)")
+                return
+            if conn.cur is None:
+                conn.hdr_got += n
+                if conn.hdr_got == _wire.SIZE:
+                    conn.hdr_got = 0
+                    self._on_header(conn)
+            else:
+                conn.got += n
+                if conn.target is not None and conn.target.on_data is not None:
+                    conn.target.on_data(conn.got)
+                if conn.got == conn.view.nbytes:  # type: ignore[union-attr]
+                    self._on_payload(conn)
+            if conn.lost is not None:
+                return
+
+    def _on_header(self, conn: _Conn) -> None:
+        try:
+            header = _wire.unpack(conn.hdr)
+        except _wire.FrameError as exc:
+            self._lose(conn, f"protocol error from rank {conn.peer}: {exc}")
+            raise TransportError(
+                f"rank {conn.peer} sent an invalid frame: {exc}", conn.peer
+            ) from None
+        if header.nbytes > MAX_FRAME_BYTES or (
+            header.frame == _wire.ABORT and header.nbytes > _wire.MAX_ABORT_PAYLOAD
+        ):
+            self._lose(conn, f"oversized frame ({header.nbytes} bytes)")
+            raise TransportError(
+                f"rank {conn.peer} announced a {header.nbytes}-byte frame, over the limit",
+                conn.peer,
+            )
+        conn.cur = header
+        conn.got = 0
+        mismatch: MismatchError | None = None
+        try:
+            target = self._match(conn.peer, header)
+        except MismatchError as exc:
+            # Keep the stream in step: the payload is read and set aside, then we raise.
+            target, mismatch = None, exc
+        if target is not None:
+            conn.target = target
+            conn.view = target.dest[: header.nbytes]
+        else:
+            if self._unexpected_bytes + header.nbytes > self.max_unexpected:
+                self._lose(conn, "too much unexpected data")
+                raise TransportError(
+                    f"rank {conn.peer} sent {header.nbytes} bytes nobody asked for, beyond the "
+                    f"{self.max_unexpected}-byte bound on early messages",
+                    conn.peer,
+                )
+            conn.stash = np.empty(header.nbytes, dtype=np.uint8)
+            conn.view = memoryview(conn.stash).cast("B")
+            self._unexpected_bytes += header.nbytes
+        if header.nbytes == 0:
+            self._on_payload(conn)
+        if mismatch is not None:
+            raise mismatch
+
+    def _match(self, peer: int, header: Header) -> InMessage | None:
+        """The posted receive this header is for, after checking it agrees with ours."""
+        if header.frame == _wire.ABORT:
+            return None
+        key = header.key
+        queue = self._posted.get((peer, key))
+        if not queue and header.frame == _wire.P2P:
+            queue = self._posted_any.get(key)
+        if queue:
+            m = queue[0]
+            self._check_match(peer, header, m)
+            queue.popleft()
+            if not queue:
+                self._posted.pop((peer, key), None)
+                self._posted_any.pop(key, None)
+            return m
+        if header.frame == _wire.DATA:
+            self._check_early(peer, header)
+        return None
+
+    def _check_match(self, peer: int, got: Header, m: InMessage) -> None:
+        want = m.expect
+        diffs = _wire.meta_differences(got, want) if got.frame == _wire.DATA else []
+        if got.frame == _wire.P2P and got.dtype != want.dtype:
+            diffs.append("dtype")
+        if not diffs and got.nbytes != m.dest.nbytes:
+            diffs.append("bytes")
+        if diffs:
+            self._mismatch(peer, got, want, diffs)
+
+    def _check_early(self, peer: int, got: Header) -> None:
+        """A DATA frame nobody waits for yet: fine if it belongs to a later step or collective,
+        a mismatch if it contradicts the collective in progress or belongs to an earlier one."""
+        for (p, _key), queue in self._posted.items():
+            if p != peer or not queue:
+                continue
+            want = queue[0].expect
+            if want.frame != _wire.DATA or want.group != got.group:
+                continue
+            if got.seq == want.seq and _wire.meta_differences(got, want):
+                self._mismatch(peer, got, want, _wire.meta_differences(got, want))
+            if got.seq < want.seq:
+                self._mismatch(peer, got, want, ["sequence number"])
+
+    def _mismatch(self, peer: int, got: Header, want: Header, diffs: list[str]) -> None:
+        raise MismatchError(
+            f"collective mismatch ({', '.join(diffs)} differ): rank {self.rank} called "
+            f"{want.describe()} but rank {peer} called {got.describe()}"
+        )
+
+    def _on_payload(self, conn: _Conn) -> None:
+        header = conn.cur
+        assert header is not None  # noqa: S101 - internal invariant of the state machine
+        target, stash = conn.target, conn.stash
+        conn.cur = conn.target = conn.stash = conn.view = None
+        conn.got = 0
+        if header.frame == _wire.ABORT:
+            self._unexpected_bytes -= header.nbytes
+            reason = bytes(stash).decode("utf-8", "replace") if stash is not None else ""
+            cls = _ERROR_TYPES.get(header.kind, CollectiveError)
+            if cls is UsageError:
+                cls = CollectiveError  # someone else's misuse is not ours
+            self._aborted[header.group] = cls(f"rank {conn.peer} failed: {reason}")
+            return
+        if target is not None:
+            self._complete(target, conn.peer, header)
+        else:
+            assert stash is not None  # noqa: S101
+            self._unexpected.setdefault(header.key, deque()).append((conn.peer, header, stash))
+
+    @staticmethod
+    def _complete(m: InMessage, peer: int, header: Header) -> None:
+        m.source = peer
+        m.header = header
+        m.done = True
+
+
+# ---------------------------------------------------------------------- building the mesh
+
+
+def _connect_with_retry(host: str, port: int, deadline: float) -> socket.socket:
+    delay = 0.01
+    while True:
+        try:
+            remaining = max(0.1, deadline - time.monotonic())
+            sock = socket.create_connection((host, port), timeout=min(remaining, 5.0))
+            return sock
+        except OSError as exc:
+            if time.monotonic() + delay > deadline:
+                raise TransportError(f"could not connect to {host}:{port}: {exc}") from None
+            if exc.errno not in (errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT, None):
+                log.debug("connect to %s:%s failed: %s; retrying", host, port, exc)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def connect_mesh(
+    rank: int,
+    size: int,
+    store,
+    prefix: str,
+    secret: bytes,
+    bind_host: str,
+    advertise_host: str,
+    timeout: float,
+) -> TCPTransport:
+    """Connect every pair of ranks: rank i dials every j < i and accepts every j > i.
+
+    Addresses are exchanged through the rendezvous store. Rank i only dials ranks that are
+    already listening, and every rank listens before it dials, so this cannot deadlock.
+    A connection that fails the handshake is logged and dropped; the mesh goes on.
+    """
+    deadline = time.monotonic() + timeout
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    conns: dict[int, socket.socket] = {}
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((bind_host, 0))
+        listener.listen(max(16, size))
+        port = listener.getsockname()[1]
+        store.set(f"{prefix}/tcp/{rank}", f"{advertise_host}:{port}".encode())
+        for peer in range(rank):
+            addr = store.get(f"{prefix}/tcp/{peer}").decode()
+            host, _, peer_port = addr.rpartition(":")
+            sock = _connect_with_retry(host, int(peer_port), deadline)
+            try:
+                _auth.connect_handshake(
+                    sock, secret, _PURPOSE, timeout=max(0.1, deadline - time.monotonic())
+                )
+                sock.settimeout(max(0.1, deadline - time.monotonic()))
+                sock.sendall(_HELLO.pack(b"HELO", rank, size))
+            except (AuthenticationError, OSError) as exc:
+                sock.close()
+                raise TransportError(
+                    f"rank {rank} could not join rank {peer} at {addr}: {exc}", peer
+                ) from None
+            _tune(sock)
+            conns[peer] = sock
+        expected = set(range(rank + 1, size))
+        while expected:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CollectiveTimeout(
+                    f"rank {rank} timed out waiting for rank(s) {sorted(expected)} to connect",
+                    op="init",
+                    waiting_on=sorted(expected),
+                )
+            listener.settimeout(remaining)
+            try:
+                sock, addr = listener.accept()
+            except TimeoutError:
+                continue
+            peer = _accept_peer(sock, addr, rank, size, secret, expected, deadline)
+            if peer is None:
+                continue
+            _tune(sock)
+            conns[peer] = sock
+            expected.discard(peer)
+    except BaseException:
+        for sock in conns.values():
+            sock.close()
+        raise
+    finally:
+        listener.close()
+    return TCPTransport(rank, size, conns)
+
+
+def _accept_peer(
+    sock: socket.socket,
+    addr: tuple,
+    rank: int,
+    size: int,
+    secret: bytes,
+    expected: set[int],
+    deadline: float,
+) -> int | None:
+    """Authenticate an incoming connection; return its rank, or None (and close it)."""
+    try:
+        _auth.accept_handshake(
+            sock, secret, _PURPOSE, timeout=min(5.0, max(0.1, deadline - time.monotonic()))
+        )
+        sock.settimeout(5.0)
+        data = b""
+        while len(data) < _HELLO.size:
+            chunk = sock.recv(_HELLO.size - len(data))
+            if not chunk:
+                raise AuthenticationError("closed before saying which rank it is")
+            data += chunk
+        magic, peer, peer_size = _HELLO.unpack(data)
+        if magic != b"HELO" or peer_size != size or peer not in expected:
+            raise AuthenticationError(f"unexpected hello (rank {peer}, world size {peer_size})")
+        return peer
+    except (AuthenticationError, OSError) as exc:
+        log.warning("rank %d refused a connection from %s: %s", rank, addr, exc)
+        sock.close()
+        return None
