@@ -1,0 +1,28 @@
+"""Rendezvous key-value stores, modeled on torch.distributed's Store API.
+
+- `TCPStoreServer` hosts a store; `TCPStore` is its client (or hosts one with is_master=True).
+- `FileStore` shares a store through a file (init_method="file://...").
+- `PrefixStore` namespaces another store; `HashStore` lives in one process (tests, threads).
+
+Every connection to a TCP store proves the job's shared secret first (pycollective._auth);
+every failure and timeout raises pycollective.StoreError.
+"""
+
+from .._errors import StoreError
+from ._base import MAX_KEY_BYTES, MAX_VALUE_BYTES, Store
+from ._memory import HashStore
+from .file import FileStore
+from .prefix import PrefixStore
+from .tcp import TCPStore, TCPStoreServer
+
+__all__ = [
+    "MAX_KEY_BYTES",
+    "MAX_VALUE_BYTES",
+    "FileStore",
+    "HashStore",
+    "PrefixStore",
+    "Store",
+    "StoreError",
+    "TCPStore",
+    "TCPStoreServer",
+]

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from pycollective.store import FileStore, HashStore, PrefixStore, Store, TCPStore, TCPStoreServer
+
+SECRET = b"test-secret"
+
+
+@pytest.fixture
+def server() -> Iterator[TCPStoreServer]:
+    srv = TCPStoreServer("127.0.0.1", 0, SECRET).start()
+    yield srv
+    srv.close()
+
+
+@pytest.fixture(params=["hash", "tcp", "file", "prefix"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def make_store(kind: str, server: TCPStoreServer, tmp_path: os.PathLike[str]) -> Iterator:
+    """A factory of stores of one kind that all share the same data."""
+    made: list[Store] = []
+    shared = HashStore()
+
+    def make(timeout: float = 5.0) -> Store:
+        if kind == "hash":
+            store: Store = shared
+            store.set_timeout(timeout)
+        elif kind == "tcp":
+            store = TCPStore("127.0.0.1", server.port, SECRET, timeout=timeout)
+        elif kind == "file":
+            store = FileStore(os.path.join(tmp_path, "store"), timeout=timeout)
+        else:
+            inner = TCPStore("127.0.0.1", server.port, SECRET, timeout=timeout)
+            made.append(inner)
+            store = PrefixStore("job", inner)
+        made.append(store)
+        return store
+
+    yield make
+    for s in made:
+        s.close()
