@@ -1,0 +1,265 @@
+"""The alpha-beta-gamma cost of schedules, and the selector that picks the cheapest.
+
+Lockstep model: a round costs, maximised over ranks, alpha if the rank sends or receives
+anything in it + beta * max(bytes it sends, bytes it receives) + gamma * bytes it reduces
+(+ overhead per message beyond the first, max over sends/recvs; 0 by default).
+A collective costs the sum of its rounds. The per-round numbers depend on the schedule's
+element counts only, so they are computed once per (collective, algorithm, size, count)
+as a "profile" and priced for any itemsize and CostParams.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from . import ALGORITHMS, _fold, build, chain
+from ._steps import Recv, Schedule, Send
+
+# Per round: the (communicates, max(sent, received), reduced, extra messages) tuples that
+# can be the maximum for some non-negative parameters (dominated ones dropped).
+Profile = tuple[tuple[tuple[int, int, int, int], ...], ...]
+
+# Up to this size predict() looks at every rank; above, at a structural sample.
+EXACT_LIMIT = 64
+
+
+@dataclass(frozen=True, slots=True)
+class CostParams:
+    """alpha: seconds per round in which a rank communicates; beta: seconds per byte on
+    the wire; gamma: seconds per byte reduced; overhead: seconds per message beyond the
+    first that a rank sends (or receives) in one round. The plain model (overhead 0)
+    charges a rank talking to p-1 peers at once like one talking to one, which flatters
+    naive all-reduce and linear gather/scatter for tiny messages."""
+
+    alpha: float
+    beta: float
+    gamma: float
+    overhead: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("alpha", "beta", "gamma", "overhead"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"CostParams.{name} must be a finite number >= 0, got {v!r}")
+
+
+def _rank_rounds(schedule: Schedule) -> list[tuple[int, int, int, int]]:
+    out = []
+    for rnd in schedule.rounds:
+        sent = recv = red = nsend = nrecv = 0
+        for step in rnd:
+            if isinstance(step, Send):
+                nsend += 1
+                sent += step.src.count
+            elif isinstance(step, Recv):
+                nrecv += 1
+                recv += step.dst.count
+                if step.reduce:
+                    red += step.dst.count
+        msgs = max(nsend, nrecv)
+        out.append((1 if msgs else 0, max(sent, recv), red, max(msgs - 1, 0)))
+    return out
+
+
+def _pareto(
+    rows: Iterable[tuple[int, int, int, int]],
+) -> tuple[tuple[int, int, int, int], ...]:
+    keep: list[tuple[int, int, int, int]] = []
+    for t in sorted(set(rows), reverse=True):
+        if not any(all(x >= y for x, y in zip(k, t, strict=True)) for k in keep):
+            keep.append(t)
+    return tuple(keep)
+
+
+def profile_of(schedules: Sequence[Schedule]) -> Profile:
+    """The cost profile of a set of schedules (all ranks, or a sample: then a lower bound)."""
+    per_rank = [_rank_rounds(s) for s in schedules]
+    nrounds = max((len(r) for r in per_rank), default=0)
+    return tuple(_pareto(r[t] for r in per_rank if t < len(r)) for t in range(nrounds))
+
+
+def price(prof: Profile, itemsize: int, params: CostParams) -> float:
+    """Seconds for a profile at this element size and these parameters."""
+    a, b, g, o = params.alpha, params.beta * itemsize, params.gamma * itemsize, params.overhead
+    return sum(
+        max((c * a + n * b + r * g + m * o for c, n, r, m in rnd), default=0.0) for rnd in prof
+    )
+
+
+def schedule_cost(schedules: Sequence[Schedule], itemsize: int, params: CostParams) -> float:
+    """Seconds for the given schedules (normally every rank's) under the lockstep model."""
+    return price(profile_of(schedules), itemsize, params)
+
+
+def sample_ranks(size: int, root: int = 0) -> list[int]:
+    """Ranks whose schedules decide the cost of the algorithms here, for large worlds.
+
+    Neighbourhoods of the root, of rank 0, of the fold boundary and of the end, plus the
+    ranks at power-of-two distances from 0 and from the root (the binomial trees' busiest
+    and the halving/doubling partners). Costs are maxima over ranks, so a sample gives a
+    lower bound; for these algorithms it is exact or off by one element per message.
+    """
+    picks: set[int] = set()
+    rem2 = 2 * _fold.extras(size)
+    for base in (0, root, rem2, size // 2, size - 1):
+        for d in range(-2, 3):
+            picks.add((base + d) % size)
+    k = 1
+    while k < size:
+        for base in (0, root):
+            for x in (k - 1, k, k + 1):
+                picks.add((base + x) % size)
+                picks.add((base - x) % size)
+        k <<= 1
+    return sorted(picks)
+
+
+# Algorithms whose every rank does the same thing up to a rotation of ranks, with equal
+# message sizes: rank 0 alone gives the exact profile.
+_SHIFT_SYMMETRIC = {
+    ("all_gather", "ring"),
+    ("reduce_scatter", "ring"),
+    ("all_to_all", "pairwise"),
+    ("barrier", "dissemination"),
+}
+
+
+def _fast_profile(
+    collective: str, algorithm: str, size: int, count: int, root: int, segment: int
+) -> Profile | None:
+    """Exact profiles for large worlds without building every rank, where a rank sample
+    would miss rounds or larger blocks; None where sample_ranks() is exact."""
+    if (collective, algorithm) in _SHIFT_SYMMETRIC:
+        return profile_of([build(collective, algorithm, 0, size, count, root, segment)])
+    if (collective, algorithm) == ("all_reduce", "ring"):
+        # Every round moves every block once, so the largest block sets each round.
+        big = -(-count // size)
+        if big == 0 or size == 1:
+            return ()
+        return (((1, big, big, 0),),) * (size - 1) + (((1, big, 0, 0),),) * (size - 1)
+    if (collective, algorithm) == ("broadcast", "chain"):
+        # Round t carries the segments s with t - s a hop 0..size-2.
+        seg = segment if segment > 0 else chain.default_segment(count)
+        nseg = -(-count // seg)
+        if nseg == 0 or size == 1:
+            return ()
+        sizes = [min(seg, count - s * seg) for s in range(nseg)]
+        return tuple(
+            ((1, max(sizes[max(0, t - size + 2) : t + 1]), 0, 0),) for t in range(nseg + size - 2)
+        )
+    return None
+
+
+@lru_cache(maxsize=4096)
+def profile(
+    collective: str,
+    algorithm: str,
+    size: int,
+    count: int,
+    root: int = 0,
+    segment: int = 0,
+    exact_limit: int = EXACT_LIMIT,
+) -> Profile:
+    """The cached profile of one configuration: from every rank when size <= exact_limit;
+    above, in closed form or from rank 0 where the algorithm allows, else from
+    sample_ranks() only (so a 4096-rank prediction builds at most ~100 schedules)."""
+    if size > exact_limit:
+        fast = _fast_profile(collective, algorithm, size, count, root, segment)
+        if fast is not None:
+            return fast
+    ranks = range(size) if size <= exact_limit else sample_ranks(size, root)
+    return profile_of([build(collective, algorithm, r, size, count, root, segment) for r in ranks])
+
+
+def predict(
+    collective: str,
+    algorithm: str,
+    size: int,
+    count: int,
+    itemsize: int,
+    params: CostParams,
+    root: int = 0,
+    segment: int = 0,
+) -> float:
+    """Predicted seconds for one collective call (count elements of itemsize bytes).
+
+    Every algorithm here is built on ranks relative to the root, so the cost does not
+    depend on which rank is root: it is priced for root 0 and shares the cache.
+    """
+    if not 0 <= root < max(size, 1):
+        raise ValueError(f"root {root} out of range for size {size}")
+    return price(profile(collective, algorithm, size, count, 0, segment), itemsize, params)
+
+
+def select(
+    collective: str,
+    size: int,
+    count: int,
+    itemsize: int,
+    params: CostParams,
+    root: int = 0,
+    candidates: Sequence[str] | None = None,
+) -> str:
+    """The cheapest algorithm for this call; ties go to the earlier one in ALGORITHMS."""
+    if collective not in ALGORITHMS:
+        raise ValueError(f"unknown collective {collective!r}")
+    known = ALGORITHMS[collective]
+    names = known if candidates is None else tuple(candidates)
+    if not names:
+        raise ValueError("no candidate algorithms")
+    unknown = [a for a in names if a not in known]
+    if unknown:
+        raise ValueError(f"unknown algorithm(s) {unknown} for {collective}; known: {known}")
+    ordered = [a for a in known if a in names]
+    costs = [predict(collective, a, size, count, itemsize, params, root) for a in ordered]
+    return ordered[costs.index(min(costs))]
+
+
+def formula(collective: str, algorithm: str, size: int, nbytes: float, params: CostParams) -> float:
+    """Closed-form cost (DESIGN.md section 4) for all_reduce by ring, recursive_doubling,
+    halving_doubling, tree or naive, with p ranks and n bytes per rank.
+
+    Exact against schedule_cost when n splits evenly into the blocks. For p not a power
+    of two, recursive doubling and halving-doubling add the fold (alpha + n beta +
+    n gamma) and the unfold (alpha + n beta) around a core of the largest power of two.
+    params.overhead is not part of these forms (naive's rank 0 would add 2(p-2) of it).
+    """
+    if collective != "all_reduce":
+        raise ValueError(f"no closed form for {collective}")
+    a, b, g = params.alpha, params.beta, params.gamma
+    p, n = size, nbytes
+    if p < 1:
+        raise ValueError(f"size must be >= 1, got {p}")
+    p2 = _fold.core_size(p)
+    lg = p2.bit_length() - 1
+    fold = (2 * a + 2 * n * b + n * g) if p != p2 else 0.0
+    if algorithm == "ring":
+        return 2 * (p - 1) * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g
+    if algorithm == "recursive_doubling":
+        return lg * (a + n * b + n * g) + fold
+    if algorithm == "halving_doubling":
+        return 2 * lg * a + 2 * (p2 - 1) / p2 * n * b + (p2 - 1) / p2 * n * g + fold
+    if algorithm == "tree":
+        L = (p - 1).bit_length()
+        return 2 * L * (a + n * b) + L * n * g
+    if algorithm == "naive":
+        return (2 * a + 2 * (p - 1) * n * b + (p - 1) * n * g) if p > 1 else 0.0
+    raise ValueError(f"no closed form for all_reduce {algorithm!r}")
+
+
+__all__ = [
+    "EXACT_LIMIT",
+    "CostParams",
+    "Profile",
+    "formula",
+    "predict",
+    "price",
+    "profile",
+    "profile_of",
+    "sample_ranks",
+    "schedule_cost",
+    "select",
+]
