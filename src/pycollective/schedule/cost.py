@@ -15,7 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from . import ALGORITHMS, _fold, build, chain
+from . import _fold, chain
+from ._registry import ALGORITHMS, build
 from ._steps import Recv, Schedule, Send
 
 # Per round: the (communicates, max(sent, received), reduced, extra messages) tuples that
@@ -202,8 +203,10 @@ def select(
     params: CostParams,
     root: int = 0,
     candidates: Sequence[str] | None = None,
+    segment: int = 0,
 ) -> str:
-    """The cheapest algorithm for this call; ties go to the earlier one in ALGORITHMS."""
+    """The cheapest algorithm for this call; ties go to the earlier one in ALGORITHMS.
+    `segment` is what chain broadcast will be built with (0 = its default)."""
     if collective not in ALGORITHMS:
         raise ValueError(f"unknown collective {collective!r}")
     known = ALGORITHMS[collective]
@@ -214,7 +217,7 @@ def select(
     if unknown:
         raise ValueError(f"unknown algorithm(s) {unknown} for {collective}; known: {known}")
     ordered = [a for a in known if a in names]
-    costs = [predict(collective, a, size, count, itemsize, params, root) for a in ordered]
+    costs = [predict(collective, a, size, count, itemsize, params, root, segment) for a in ordered]
     return ordered[costs.index(min(costs))]
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import ALGORITHMS, build_all
+from ._registry import ALGORITHMS, build_all
 from ._steps import Chunk, Copy, Recv, Schedule, Send
 
 ReduceFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
