@@ -135,12 +135,14 @@ class TCPTransport(Transport):
         if self._closed:
             raise TransportError("the transport is closed (destroy_process_group was called)")
         self._raise_if_aborted(group)
-        involved = {m.peer for m in sends} | {m.peer for m in recvs}
-        for peer in involved:
-            self._check_peer(peer)
+        for m in sends:
+            self._check_peer(m.peer)
         try:
             for m in recvs:
+                # A message already here counts even if its sender has since left.
                 self._post(m)
+                if not m.done:
+                    self._check_peer(m.peer)
             for m in sends:
                 self._enqueue(m)
             self._drive(sends, recvs, deadline, group, label)

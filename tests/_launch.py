@@ -1,0 +1,88 @@
+"""Start real ranks for tests: N processes with the torchrun environment contract."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RankResult:
+    rank: int
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_ranks(
+    script: str | Path,
+    nprocs: int,
+    args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = 120.0,
+    per_rank_env: dict[int, dict[str, str]] | None = None,
+) -> list[RankResult]:
+    """Run `script` as `nprocs` ranks (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, as
+    torchrun does) and return every rank's outcome. Kills everything at the timeout."""
+    port = free_port()
+    procs = []
+    for rank in range(nprocs):
+        child_env = dict(os.environ)
+        child_env.update(
+            RANK=str(rank), WORLD_SIZE=str(nprocs), LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+            PYTHONUNBUFFERED="1",
+        )
+        for k in ("PYCOLLECTIVE_STORE_HOSTED", "TORCHELASTIC_USE_AGENT_STORE"):
+            child_env.pop(k, None)
+        child_env.update(env or {})
+        child_env.update((per_rank_env or {}).get(rank, {}))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), *args], env=child_env, cwd=REPO,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                start_new_session=True,
+            )
+        )
+    deadline = time.monotonic() + timeout
+    results = []
+    try:
+        for rank, proc in enumerate(procs):
+            remaining = max(0.1, deadline - time.monotonic())
+            try:
+                out, err = proc.communicate(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                for p in procs:
+                    p.kill()
+                out, err = proc.communicate()
+                err += f"\n[test harness] rank {rank} killed after {timeout} s"
+            results.append(RankResult(rank, proc.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return results
+
+
+def assert_all_ok(results: list[RankResult]) -> None:
+    bad = [r for r in results if r.returncode != 0]
+    if bad:
+        text = "\n".join(
+            f"--- rank {r.rank} exit {r.returncode}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
+            for r in bad
+        )
+        raise AssertionError(f"{len(bad)} rank(s) failed:\n{text}")
