@@ -63,6 +63,20 @@ def _cached_schedule(
     )
 
 
+def _size_class(count: int) -> int:
+    """Counts are priced at the next power of two, so auto's choice is cached per octave
+    instead of recomputed for every new size (pricing builds every rank's schedule)."""
+    return 0 if count <= 0 else 1 << (count - 1).bit_length()
+
+
+@lru_cache(maxsize=2048)
+def _auto_choice(transport: str, collective: str, size: int, count: int, itemsize: int) -> str:
+    params = _tuning.cost_params(transport)
+    segment = max(1, _tuning.CHAIN_SEGMENT_BYTES // itemsize)
+    # Costs do not depend on the root (schedules are built relative to it): price root 0.
+    return schedule.cost.select(collective, size, count, itemsize, params, segment=segment)
+
+
 @dataclass
 class World:
     """Per-process state shared by every group of one init_process_group."""
@@ -143,9 +157,9 @@ class ProcessGroup:
         if chosen == "auto":
             if len(names) == 1:
                 return names[0]
-            params = _tuning.cost_params(self.world.transport_name)
-            best = schedule.cost.select(
-                collective, self.size(), count, dtype.itemsize, params, root=root
+            best = _auto_choice(
+                self.world.transport_name, collective, self.size(), _size_class(count),
+                dtype.itemsize,
             )
             log.debug(
                 "auto chose %s for %s of %d x %s on %d ranks",
