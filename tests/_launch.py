@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -14,9 +15,18 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range (32768+), so the listeners that ranks
+    open on port 0 cannot take it between this check and rank 0 binding it."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32000")
 
 
 @dataclass
@@ -42,9 +52,14 @@ def run_ranks(
     for rank in range(nprocs):
         child_env = dict(os.environ)
         child_env.update(
-            RANK=str(rank), WORLD_SIZE=str(nprocs), LOCAL_RANK=str(rank),
-            LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE=str(nprocs),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(nprocs),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
             PYTHONUNBUFFERED="1",
+            PYCOLLECTIVE_TIMEOUT="60",
         )
         for k in ("PYCOLLECTIVE_STORE_HOSTED", "TORCHELASTIC_USE_AGENT_STORE"):
             child_env.pop(k, None)
@@ -52,8 +67,12 @@ def run_ranks(
         child_env.update((per_rank_env or {}).get(rank, {}))
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(script), *args], env=child_env, cwd=REPO,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                [sys.executable, str(script), *args],
+                env=child_env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
                 start_new_session=True,
             )
         )
@@ -82,7 +101,8 @@ def assert_all_ok(results: list[RankResult]) -> None:
     bad = [r for r in results if r.returncode != 0]
     if bad:
         text = "\n".join(
-            f"--- rank {r.rank} exit {r.returncode}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
+            f"--- rank {r.rank} exit {r.returncode}\n"
+            f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
             for r in bad
         )
         raise AssertionError(f"{len(bad)} rank(s) failed:\n{text}")

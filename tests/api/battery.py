@@ -22,8 +22,22 @@ try:
 except ImportError:  # pragma: no cover
     BF16 = None
 
-DTYPES = [np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64, np.uint8,
-          np.uint16, np.uint32, np.uint64, np.bool_, np.complex64, np.complex128]
+DTYPES = [
+    np.float16,
+    np.float32,
+    np.float64,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+    np.bool_,
+    np.complex64,
+    np.complex128,
+]
 if BF16 is not None:
     DTYPES.append(BF16)
 OPS = list(ReduceOp)
@@ -37,8 +51,10 @@ def check(name: str, got, want) -> None:
     checks += 1
     got = np.asarray(got)
     want = np.asarray(want)
-    if got.shape != want.shape or not np.array_equal(got.astype(np.float64) if got.dtype == BF16 else got,
-                                                      want.astype(np.float64) if want.dtype == BF16 else want):
+    if got.shape != want.shape or not np.array_equal(
+        got.astype(np.float64) if got.dtype == BF16 else got,
+        want.astype(np.float64) if want.dtype == BF16 else want,
+    ):
         failures.append(f"{name}: got {got.ravel()[:8]} want {want.ravel()[:8]}")
 
 
@@ -58,7 +74,7 @@ def data(rank: int, n: int, dt, op: ReduceOp = ReduceOp.SUM, salt: int = 0) -> n
     dt = np.dtype(dt)
     idx = np.arange(n)
     if dt == np.bool_:
-        return ((idx + rank + salt) % 3 == 0)
+        return (idx + rank + salt) % 3 == 0
     if op is ReduceOp.PRODUCT:
         base = ((idx + rank + salt) % 2) + 1
     elif dt.kind == "u":
@@ -71,13 +87,26 @@ def data(rank: int, n: int, dt, op: ReduceOp = ReduceOp.SUM, salt: int = 0) -> n
 def reference(op: ReduceOp, arrays: list[np.ndarray], p: int) -> np.ndarray:
     dt = arrays[0].dtype
     if dt == np.bool_:
-        fn = {ReduceOp.SUM: np.logical_or, ReduceOp.MAX: np.logical_or, ReduceOp.BOR: np.logical_or,
-              ReduceOp.PRODUCT: np.logical_and, ReduceOp.MIN: np.logical_and,
-              ReduceOp.BAND: np.logical_and, ReduceOp.BXOR: np.logical_xor}[op]
+        fn = {
+            ReduceOp.SUM: np.logical_or,
+            ReduceOp.MAX: np.logical_or,
+            ReduceOp.BOR: np.logical_or,
+            ReduceOp.PRODUCT: np.logical_and,
+            ReduceOp.MIN: np.logical_and,
+            ReduceOp.BAND: np.logical_and,
+            ReduceOp.BXOR: np.logical_xor,
+        }[op]
         return functools.reduce(fn, arrays)
-    fn = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
-          ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and,
-          ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor}[op]
+    fn = {
+        ReduceOp.SUM: np.add,
+        ReduceOp.AVG: np.add,
+        ReduceOp.PRODUCT: np.multiply,
+        ReduceOp.MIN: np.minimum,
+        ReduceOp.MAX: np.maximum,
+        ReduceOp.BAND: np.bitwise_and,
+        ReduceOp.BOR: np.bitwise_or,
+        ReduceOp.BXOR: np.bitwise_xor,
+    }[op]
     out = functools.reduce(lambda a, b: fn(a, b).astype(dt), arrays)
     if op is ReduceOp.AVG:
         if dt.kind in "iu":
@@ -104,21 +133,35 @@ def test_all_reduce(r: int, p: int, quick: bool) -> None:
                 continue
             x = data(r, 13, dt, op)
             dist.all_reduce(x, op=op)
-            check(f"all_reduce {np.dtype(dt)} {op!r}", x, reference(op, [data(i, 13, dt, op) for i in range(p)], p))
+            check(
+                f"all_reduce {np.dtype(dt)} {op!r}",
+                x,
+                reference(op, [data(i, 13, dt, op) for i in range(p)], p),
+            )
     for algo in dist.algorithms("all_reduce"):
         for n in counts(p, quick):
-            for dt, op in ((np.float32, ReduceOp.SUM), (np.int32, ReduceOp.MAX), (np.float64, ReduceOp.AVG)):
+            for dt, op in (
+                (np.float32, ReduceOp.SUM),
+                (np.int32, ReduceOp.MAX),
+                (np.float64, ReduceOp.AVG),
+            ):
                 x = data(r, n, dt, op)
                 dist.all_reduce(x, op=op, algorithm=algo)
-                check(f"all_reduce {algo} n={n} {np.dtype(dt)} {op!r}", x,
-                      reference(op, [data(i, n, dt, op) for i in range(p)], p))
+                check(
+                    f"all_reduce {algo} n={n} {np.dtype(dt)} {op!r}",
+                    x,
+                    reference(op, [data(i, n, dt, op) for i in range(p)], p),
+                )
         # bitwise-identical float results across ranks, with inexact values
         x = np.random.default_rng(r).standard_normal(777).astype(np.float32)
         dist.all_reduce(x, algorithm=algo)
         gathered = np.zeros(p * x.size, dtype=np.float32)
         dist.all_gather_into_tensor(gathered, x)
-        check(f"all_reduce {algo} identical on all ranks", gathered.reshape(p, -1),
-              np.broadcast_to(x, (p, x.size)))
+        check(
+            f"all_reduce {algo} identical on all ranks",
+            gathered.reshape(p, -1),
+            np.broadcast_to(x, (p, x.size)),
+        )
 
 
 def test_broadcast_reduce(r: int, p: int, quick: bool) -> None:
@@ -132,7 +175,11 @@ def test_broadcast_reduce(r: int, p: int, quick: bool) -> None:
     for algo in dist.algorithms("reduce"):
         for n in counts(p, quick):
             for root in roots:
-                for dt, op in ((np.float32, ReduceOp.SUM), (np.uint8, ReduceOp.BXOR), (np.float64, ReduceOp.AVG)):
+                for dt, op in (
+                    (np.float32, ReduceOp.SUM),
+                    (np.uint8, ReduceOp.BXOR),
+                    (np.float64, ReduceOp.AVG),
+                ):
                     x = data(r, n, dt, op)
                     before = x.copy()
                     dist.reduce(x, dst=root, op=op, algorithm=algo)
@@ -149,23 +196,33 @@ def test_gathers(r: int, p: int, quick: bool) -> None:
             mine = data(r, n, np.float64)
             out = np.zeros(p * n)
             dist.all_gather_into_tensor(out, mine, algorithm=algo)
-            check(f"all_gather_into_tensor {algo} n={n}", out, np.concatenate([data(i, n, np.float64) for i in range(p)]))
+            check(
+                f"all_gather_into_tensor {algo} n={n}",
+                out,
+                np.concatenate([data(i, n, np.float64) for i in range(p)]),
+            )
             outs = [np.zeros(n, dtype=np.float64) for _ in range(p)]
             dist.all_gather(outs, mine, algorithm=algo)
             for i in range(p):
                 check(f"all_gather {algo} n={n} [{i}]", outs[i], data(i, n, np.float64))
     for algo in dist.algorithms("reduce_scatter"):
         for n in counts(p, quick):
-            for dt, op in ((np.int32, ReduceOp.SUM), (np.float32, ReduceOp.MIN), (np.float32, ReduceOp.AVG)):
+            for dt, op in (
+                (np.int32, ReduceOp.SUM),
+                (np.float32, ReduceOp.MIN),
+                (np.float32, ReduceOp.AVG),
+            ):
                 full = [data(i, p * n, dt, op) for i in range(p)]
                 inp = full[r].copy()
                 out = np.zeros(n, dtype=dt)
                 dist.reduce_scatter_tensor(out, inp, op=op, algorithm=algo)
-                want = reference(op, full, p)[r * n:(r + 1) * n]
+                want = reference(op, full, p)[r * n : (r + 1) * n]
                 check(f"reduce_scatter_tensor {algo} n={n} {op!r}", out, want)
                 check(f"reduce_scatter_tensor {algo} input unchanged", inp, full[r])
                 out2 = np.zeros(n, dtype=dt)
-                dist.reduce_scatter(out2, [inp[i * n:(i + 1) * n].copy() for i in range(p)], op=op, algorithm=algo)
+                dist.reduce_scatter(
+                    out2, [inp[i * n : (i + 1) * n].copy() for i in range(p)], op=op, algorithm=algo
+                )
                 check(f"reduce_scatter {algo} n={n} {op!r}", out2, want)
     roots = range(p) if p <= 4 or not quick else (0, p - 1)
     for algo in dist.algorithms("gather"):
@@ -176,7 +233,9 @@ def test_gathers(r: int, p: int, quick: bool) -> None:
                 dist.gather(mine, lst, dst=root, algorithm=algo)
                 if r == root:
                     for i in range(p):
-                        check(f"gather {algo} n={n} root={root} [{i}]", lst[i], data(i, n, np.int16))
+                        check(
+                            f"gather {algo} n={n} root={root} [{i}]", lst[i], data(i, n, np.int16)
+                        )
     for algo in dist.algorithms("scatter"):
         for n in counts(p, quick):
             for root in roots:
@@ -191,7 +250,11 @@ def test_all_to_all(r: int, p: int, quick: bool) -> None:
         inp = np.concatenate([np.full(n, r * 100 + j, dtype=np.int32) for j in range(p)])
         out = np.zeros(p * n, dtype=np.int32)
         dist.all_to_all_single(out, inp)
-        check(f"all_to_all_single n={n}", out, np.concatenate([np.full(n, j * 100 + r, dtype=np.int32) for j in range(p)]))
+        check(
+            f"all_to_all_single n={n}",
+            out,
+            np.concatenate([np.full(n, j * 100 + r, dtype=np.int32) for j in range(p)]),
+        )
     # uneven: rank r sends (r + j) % 3 rows of width 2 to rank j
     send = [(r + j) % 3 for j in range(p)]
     recv = [(j + r) % 3 for j in range(p)]
@@ -314,7 +377,10 @@ def test_usage_errors(r: int, p: int) -> None:
         ("root out of range", lambda: dist.broadcast(np.ones(3), src=p)),
         ("negative root", lambda: dist.reduce(np.ones(3), dst=-1)),
         ("wrong output size", lambda: dist.all_gather_into_tensor(np.ones(p * 3 + 1), np.ones(3))),
-        ("dtype mismatch", lambda: dist.all_gather_into_tensor(np.ones(p * 3, np.float32), np.ones(3))),
+        (
+            "dtype mismatch",
+            lambda: dist.all_gather_into_tensor(np.ones(p * 3, np.float32), np.ones(3)),
+        ),
         ("unknown algorithm", lambda: dist.all_reduce(np.ones(3), algorithm="telepathy")),
         ("not a buffer", lambda: dist.all_reduce([1.0, 2.0])),
         ("non-contiguous", lambda: dist.all_reduce(np.ones((4, 4))[:, 0])),
@@ -323,7 +389,12 @@ def test_usage_errors(r: int, p: int) -> None:
         ("avg on bool", lambda: dist.all_reduce(np.ones(2, bool), op=ReduceOp.AVG)),
         ("bad tag", lambda: dist.isend(np.ones(1), dst=(r + 1) % p, tag=-1)) if p > 1 else None,
         ("send to self", lambda: dist.send(np.ones(1), dst=r)),
-        ("bad split sizes", lambda: dist.all_to_all_single(np.ones(p), np.ones(p), input_split_sizes=[p + 1] + [0] * (p - 1))),
+        (
+            "bad split sizes",
+            lambda: dist.all_to_all_single(
+                np.ones(p), np.ones(p), input_split_sizes=[p + 1] + [0] * (p - 1)
+            ),
+        ),
     ]
     for case in cases:
         if case is None:
@@ -345,8 +416,17 @@ def test_usage_errors(r: int, p: int) -> None:
 def test_torch(r: int, p: int) -> None:
     import torch
 
-    for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
-               torch.uint8, torch.int8, torch.bool):
+    for dt in (
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+        torch.int8,
+        torch.bool,
+    ):
         t = (torch.arange(12) % 5 + r).to(dt)
         dist.all_reduce(t, op=ReduceOp.MAX)
         want = (torch.arange(12) % 5 + (p - 1)).to(dt)

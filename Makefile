@@ -1,0 +1,44 @@
+# pycollective: `make demo` runs the main job, `make test` the whole suite.
+# Both work on a fresh machine: `setup` builds ./.venv and installs everything they need.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# Debian packages the tests use: OpenMPI, to check that ranks start under a real mpirun.
+APT_PACKAGES := openmpi-bin libopenmpi-dev
+
+.PHONY: setup system-deps test demo lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(MAKE) --no-print-directory system-deps
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch is pinned to the CPU build (2.13.0); a looser pin pulls a CUDA build of several GB.
+	$(PY) -m pip install --quiet -e '.[test,torch]'
+	touch $(STAMP)
+
+# Installs the Debian packages when missing and running as root; otherwise says how.
+system-deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	else \
+		echo "note: optional packages missing:$$missing (sudo apt-get install$$missing); their tests will skip"; \
+	fi
+
+test: setup
+	$(PY) -m pytest -q
+
+demo: setup
+	$(PY) -m pycollective run -n 4 $(PY) examples/hello_collectives.py
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
