@@ -56,6 +56,7 @@ from ._state import (
     is_initialized,
     new_group,
 )
+from ._torch_stores import FileStore, HashStore, PrefixStore, Store, TCPStore
 from ._work import Future, Work
 
 __version__ = "0.1.0"
@@ -71,8 +72,23 @@ def algorithms(collective: str) -> list[str]:
         ) from None
 
 
+class Backend:
+    """Backend names, as torch.distributed.Backend spells them; all run on pycollective."""
+
+    PYCOLLECTIVE = "pycollective"
+    GLOO = "gloo"
+    MPI = "mpi"
+    AUTO = "auto"
+
+
 __all__ = [
     "AuthenticationError",
+    "Backend",
+    "FileStore",
+    "HashStore",
+    "PrefixStore",
+    "Store",
+    "TCPStore",
     "CollectiveError",
     "CollectiveTimeout",
     "Future",
