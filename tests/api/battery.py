@@ -164,6 +164,29 @@ def test_all_reduce(r: int, p: int, quick: bool) -> None:
         )
 
 
+def test_repeated_large(r: int, p: int) -> None:
+    """Many large collectives back to back, so messages of the next round or collective
+    arrive while this rank is still busy (the early-message paths of the transport)."""
+    rng = np.random.default_rng(1234)
+    for algo in dist.algorithms("all_reduce")[1:]:
+        for it in range(6):
+            n = int(rng.integers(100_000, 300_000))
+            x = np.full(n, r + it, dtype=np.float32)
+            dist.all_reduce(x, algorithm=algo)
+            check(
+                f"repeated all_reduce {algo} #{it}",
+                x[:: max(1, n // 7)],
+                np.full(len(x[:: max(1, n // 7)]), sum(range(p)) + p * it, dtype=np.float32),
+            )
+    for algo in dist.algorithms("all_gather")[1:]:
+        for it in range(3):
+            out = np.zeros(p * 200_000, dtype=np.float32)
+            dist.all_gather_into_tensor(out, np.full(200_000, r + it, np.float32), algorithm=algo)
+            check(
+                f"repeated all_gather {algo}", out[::200_000], np.arange(p, dtype=np.float32) + it
+            )
+
+
 def test_broadcast_reduce(r: int, p: int, quick: bool) -> None:
     roots = range(p) if p <= 4 or not quick else (0, p - 1)
     for algo in dist.algorithms("broadcast"):
@@ -477,6 +500,7 @@ def main() -> int:
         lambda: test_usage_errors(r, p),
         lambda: test_all_reduce(r, p, quick),
         lambda: test_broadcast_reduce(r, p, quick),
+        lambda: test_repeated_large(r, p),
         lambda: test_gathers(r, p, quick),
         lambda: test_all_to_all(r, p, quick),
         lambda: test_barrier_async_objects(r, p),
