@@ -110,7 +110,10 @@ def kernel(op: ReduceOp, dtype: DType) -> Kernel:
         return bf16_kernel
 
     def ufunc_kernel(dst: np.ndarray, src: np.ndarray) -> None:
-        ufunc(dst, src, out=dst)
+        # Overflow and NaN arithmetic are the caller's data, not our error: no warnings,
+        # as in torch.
+        with np.errstate(all="ignore"):
+            ufunc(dst, src, out=dst)
 
     return ufunc_kernel
 
