@@ -78,19 +78,41 @@ def _check_backend(backend: Any) -> str:
 
 
 class _TorchStoreAdapter:
-    """Lets a torch.distributed Store (e.g. torchrun's agent store) serve our rendezvous."""
+    """Lets a torch.distributed Store (e.g. torchrun's agent store) serve our rendezvous.
 
-    def __init__(self, store: Any) -> None:
+    Keys go under `prefix` when one is given; torch's errors (DistStoreError and the other
+    RuntimeErrors a torch store raises on timeouts and broken connections) become StoreError.
+    """
+
+    def __init__(self, store: Any, prefix: str = "", where: str = "a torch store") -> None:
         self._store = store
+        self._prefix = prefix.rstrip("/") + "/" if prefix else ""
+        self._where = where
 
     def set(self, key: str, value: bytes) -> None:
-        self._store.set(key, value)
+        try:
+            self._store.set(self._prefix + key, value)
+        except RuntimeError as exc:
+            raise StoreError(f"set {key!r} in {self._where} failed: {_first_line(exc)}") from exc
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
-        return bytes(self._store.get(key))
+        full = self._prefix + key
+        try:
+            if timeout is not None:
+                self._store.wait([full], datetime.timedelta(seconds=timeout))
+            return bytes(self._store.get(full))
+        except RuntimeError as exc:
+            raise StoreError(
+                f"get {key!r} from {self._where} failed: {_first_line(exc)}"
+            ) from exc
 
     def close(self) -> None:
-        pass
+        self._store = None  # torch stores have no close(); dropping ours closes the socket
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _make_store(
@@ -125,18 +147,52 @@ def _make_store(
             f"world size {world_size} needs a rendezvous: set MASTER_ADDR and MASTER_PORT, pass "
             "init_method='tcp://host:port', or start the job with `pycollective run`"
         )
+    from_env = not init_method or init_method == "env://"
+    prefix = env.store_prefix if from_env else ""
     if store_host == "torchelastic":
+        # torchrun's agent already listens at MASTER_ADDR:MASTER_PORT with a torch TCPStore.
         import torch.distributed as tdist
 
-        tstore = tdist.TCPStore(
-            host, port, world_size, False, timeout=datetime.timedelta(seconds=timeout)
-        )
-        return _TorchStoreAdapter(tstore)
+        where = f"torchrun's agent store at {host}:{port}"
+        try:
+            tstore = tdist.TCPStore(
+                host, port, world_size, False, timeout=datetime.timedelta(seconds=timeout)
+            )
+        except RuntimeError as exc:
+            raise StoreError(f"cannot reach {where}: {_first_line(exc)}") from exc
+        return _TorchStoreAdapter(tstore, prefix, where)
     if store_host == "rank0" and rank == 0:
         bind = "127.0.0.1" if _netutil.is_loopback(host) and not multi_node else ""
-        _server = store_mod.TCPStoreServer(bind, port, secret=secret)
-        _server.start()
-    return store_mod.TCPStore(host, port, secret=secret, timeout=timeout)
+        server = store_mod.TCPStoreServer(bind, port, secret=secret)
+        try:
+            server.start()
+        except StoreError as exc:
+            if not (from_env and env.port_derived):
+                raise
+            raise StoreError(
+                f"{exc} (port {port} was derived from the {env.launcher} job id; another "
+                "program holds it: export MASTER_PORT=<free port> to every rank)"
+            ) from exc
+        _server = server
+    client = store_mod.TCPStore(host, port, secret=secret, timeout=timeout)
+    return _JobStore(prefix, client) if prefix else client
+
+
+class _JobStore:
+    """Our keys under the job's prefix in a store it owns (closing closes the store)."""
+
+    def __init__(self, prefix: str, store: Any) -> None:
+        self._prefix = prefix.rstrip("/") + "/"
+        self._store = store
+
+    def set(self, key: str, value: bytes) -> None:
+        self._store.set(self._prefix + key, value)
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        return self._store.get(self._prefix + key, timeout)
+
+    def close(self) -> None:
+        self._store.close()
 
 
 def init_process_group(
@@ -170,6 +226,11 @@ def init_process_group(
             world_size = env.world_size if env.world_size is not None else 1
         if not isinstance(rank, int) or not isinstance(world_size, int) or world_size < 1:
             raise UsageError(f"bad rank/world_size: rank={rank!r}, world_size={world_size!r}")
+        if rank < 0:
+            raise UsageError(
+                f"world size {world_size} needs this process's rank: pass rank= or start it "
+                "with a launcher (pycollective run, torchrun, mpirun, srun) or set RANK"
+            )
         if not 0 <= rank < world_size:
             raise UsageError(f"rank {rank} is out of range for world size {world_size} (set RANK)")
         _generation += 1
