@@ -5,8 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# Debian packages the tests use: OpenMPI, to check that ranks start under a real mpirun.
-APT_PACKAGES := openmpi-bin libopenmpi-dev
+# Debian packages the tests use: OpenMPI and MPICH, to check that ranks start under a real
+# mpirun and a real mpiexec.hydra.
+APT_PACKAGES := openmpi-bin libopenmpi-dev mpich
 
 .PHONY: setup system-deps test demo lint clean
 
