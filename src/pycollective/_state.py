@@ -267,6 +267,7 @@ def init_process_group(
                 _close_store(the_store)
                 raise
         world = World(rank, world_size, transport, the_store, seconds)
+        world.owns_store = store is None  # a store the caller passed stays theirs to close
         world.engine.set_p2p_runner(_p2p_runner(world))
         ranks = tuple(range(world_size))
         world.group_counts[ranks] = 1
@@ -332,7 +333,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         if world.transport is not None:
             world.transport.close()
         world.pool.release()
-        _close_store(world.store)
+        _close_store(world.store if world.owns_store else None)
 
 
 def is_initialized() -> bool:
