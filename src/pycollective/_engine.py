@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ._errors import UsageError
 from ._work import Work
 
 Job = Callable[[], Any]
@@ -30,6 +31,12 @@ class Engine:
         self._stopped = False
         self._p2p: list[tuple[Any, Work]] = []  # deferred point-to-point operations
         self._p2p_runner: Callable[[list[tuple[Any, Work]]], None] | None = None
+        self._owner: int | None = None  # thread id running the current job
+        self._interrupt: Callable[[str], None] | None = None
+
+    def set_interrupt(self, interrupt: Callable[[str], None]) -> None:
+        """`interrupt(reason)` makes the job in progress (and later ones) fail promptly."""
+        self._interrupt = interrupt
 
     def set_p2p_runner(self, runner: Callable[[list[tuple[Any, Work]]], None]) -> None:
         self._p2p_runner = runner
@@ -42,12 +49,16 @@ class Engine:
         with self._cv:
             while self._queue or self._running:
                 self._cv.wait()
+            if self._stopped:
+                raise UsageError("the process group was destroyed")
             self._running = True
+            self._owner = threading.get_ident()
         try:
             return job()
         finally:
             with self._cv:
                 self._running = False
+                self._owner = None
                 self._cv.notify_all()
 
     def submit(self, job: Job, work: Work) -> Work:
@@ -59,7 +70,7 @@ class Engine:
     def _enqueue(self, job: Job, work: Work) -> None:
         with self._cv:
             if self._stopped:
-                raise RuntimeError("the process group was destroyed")
+                raise UsageError("the process group was destroyed")
             self._queue.append((job, work))
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -77,6 +88,7 @@ class Engine:
                     return
                 job, work = self._queue[0]
                 self._running = True
+                self._owner = threading.get_ident()
             try:
                 job()
             except BaseException as exc:  # noqa: BLE001 - delivered through the Work
@@ -87,6 +99,7 @@ class Engine:
                 with self._cv:
                     self._queue.popleft()
                     self._running = False
+                    self._owner = None
                     self._cv.notify_all()
 
     # ------------------------------------------------------------------ point-to-point
@@ -128,14 +141,26 @@ class Engine:
             while self._queue or self._running:
                 self._cv.wait()
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = 5.0, grace: float = 0.5) -> None:
+        """Refuse new work; give what was issued `grace` seconds to finish, then interrupt
+        the transport so everything still waiting fails at once (each Work with the
+        error), and wait (at most `timeout`) for that. Never waits on the calling thread's
+        own job (destroy called from a callback or a signal handler)."""
+        me = threading.get_ident()
         with self._cv:
             self._stopped = True
-            pending = list(self._queue)
             self._cv.notify_all()
+
+            def drained() -> bool:
+                return (not self._queue and not self._running) or self._owner == me
+
+            if not self._cv.wait_for(drained, grace) and self._interrupt is not None:
+                self._interrupt("the process group was destroyed while this was in progress")
+            self._cv.wait_for(drained, timeout)
+            leftover = [work for _, work in self._queue if self._owner != me]
         thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-        for _, work in pending[1:] if self._running else pending:
+        if thread is not None and thread.ident != me:
+            thread.join(max(0.1, timeout))
+        for work in leftover:  # only if a job outlived the timeout: never leave a waiter hanging
             if not work._future.done():
-                work._fail(RuntimeError("the process group was destroyed before this ran"))
+                work._fail(UsageError("the process group was destroyed before this completed"))

@@ -23,7 +23,7 @@ import numpy as np
 from . import _tuning, schedule
 from ._dtypes import DType
 from ._engine import Engine
-from ._errors import CollectiveError, UsageError
+from ._errors import CollectiveError, CollectiveTimeout, UsageError
 from ._executor import ScratchPool, run_schedule
 from ._reduce_ops import ReduceOp, finish_average, kernel
 from ._work import Work
@@ -36,6 +36,7 @@ log = logging.getLogger("pycollective")
 # Every algorithm name gets a one-byte code for the frame header.
 _ALGO_NAMES = sorted({a for algos in schedule.ALGORITHMS.values() for a in algos} | {"p2p"})
 ALGO_CODE = {name: i + 1 for i, name in enumerate(_ALGO_NAMES)}
+_wire.ALGO_NAME.update({code: name for name, code in ALGO_CODE.items()})  # for error messages
 
 
 @lru_cache(maxsize=4096)
@@ -94,6 +95,12 @@ class World:
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False
 
+    def __post_init__(self) -> None:
+        # destroy_process_group stops the engine; a collective still waiting then is cut
+        # short by interrupting the transport rather than left to its timeout.
+        if self.transport is not None:
+            self.engine.set_interrupt(self.transport.interrupt)
+
 
 class ProcessGroup:
     """A set of global ranks that run collectives together (torch's ProcessGroup)."""
@@ -114,6 +121,7 @@ class ProcessGroup:
         self._rank = self.ranks.index(world.rank) if world.rank in self.ranks else -1
         self._seq = 0
         self._failed: CollectiveError | None = None
+        self._peers = tuple(r for r in self.ranks if r != world.rank)
 
     # torch spells these as methods
     def rank(self) -> int:
@@ -235,6 +243,10 @@ class ProcessGroup:
             self.check_usable()
             deadline = time.monotonic() + self.timeout
             try:
+                if world.transport is not None and self._peers:
+                    # An abort notice that came since the last call fails this one now,
+                    # even if none of its own steps would touch the rank at fault.
+                    world.transport.check_group(self.group_id, seq)
                 if world.transport is not None or self.size() == 1:
                     run_schedule(
                         sched,
@@ -249,7 +261,9 @@ class ProcessGroup:
                         label,
                     )
             except CollectiveError as exc:
-                self.fail(exc)
+                if isinstance(exc, CollectiveTimeout) and exc.seq is None:
+                    exc.seq = seq
+                self.fail(exc, seq)
                 raise
             if after is not None:
                 after()
@@ -259,14 +273,14 @@ class ProcessGroup:
         world.engine.run(job)
         return None
 
-    def fail(self, exc: CollectiveError) -> None:
-        """Mark the group unusable and tell its other members why (best effort)."""
+    def fail(self, exc: CollectiveError, seq: int = 0) -> None:
+        """Mark the group unusable and tell its other members why (best effort). `seq` is
+        the collective that failed: members still in an earlier one may finish it."""
         if self._failed is None:
             self._failed = exc
             transport = self.world.transport
-            if transport is not None:
-                peers = [r for r in self.ranks if r != self.world.rank]
-                transport.abort(peers, self.group_id, exc)
+            if transport is not None and not self.world.closed:
+                transport.abort(self._peers, self.group_id, exc, seq)
 
 
 def average_after(

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _state
 from ._buffers import Buffer, as_buffer
-from ._errors import CollectiveTimeout, UsageError
+from ._errors import CollectiveError, CollectiveTimeout, UsageError
 from ._group import ALGO_CODE, ProcessGroup, World
 from ._work import Work
 from .transport import _wire
@@ -105,9 +105,19 @@ def run_batch(world: World, batch: Sequence[tuple[_Op, Work]]) -> None:
         )
         + ")"
     )
-    world.transport.exchange(
-        sends, recvs, time.monotonic() + timeout, batch[0][0].group.group_id, label
-    )
+    group_id = batch[0][0].group.group_id
+    try:
+        # An abort notice already here (e.g. a receiver that found our last message did not
+        # match) fails a send-only batch too, instead of it completing into the void.
+        world.transport.check_group(group_id)
+        world.transport.exchange(sends, recvs, time.monotonic() + timeout, group_id, label)
+    except CollectiveError as exc:
+        if not isinstance(exc, UsageError):
+            # As for collectives: the group is unusable and its members are told why, so
+            # the sender of a mismatched message hears of it at its next operation.
+            for g in {id(op.group): op.group for op, _ in batch}.values():
+                g.fail(exc)
+        raise
     for m, work in receivers:
         work.src_rank = m.source
 

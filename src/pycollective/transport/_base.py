@@ -67,8 +67,11 @@ class Transport(ABC):
         """
 
     @abstractmethod
-    def abort(self, peers: Iterable[int], group: int, error: CollectiveError) -> None:
-        """Tell `peers` (best effort, never blocking long) that `group` failed with `error`."""
+    def abort(
+        self, peers: Iterable[int], group: int, error: CollectiveError, seq: int = 0
+    ) -> None:
+        """Tell `peers` (best effort, never blocking long) that `group` failed with `error`
+        in its collective number `seq` (0: at once, whatever they are running)."""
 
     @abstractmethod
     def close(self) -> None:
@@ -77,3 +80,12 @@ class Transport(ABC):
     def lost_peers(self) -> dict[int, str]:
         """Peers whose connection is gone, with the reason."""
         return {}
+
+    def check_group(self, group: int, seq: int | None = None) -> None:  # noqa: B027
+        """Raise now, without waiting, if a peer reported that `group` failed in its
+        collective `seq` or earlier (None: any). Called before each operation, so a rank
+        whose own steps would not touch the peer at fault still learns at once."""
+
+    def interrupt(self, reason: str) -> None:  # noqa: B027 - optional for simple transports
+        """Make the exchange in progress (from any thread) and every later one raise
+        TransportError(reason) promptly. Used by destroy_process_group."""

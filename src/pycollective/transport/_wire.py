@@ -19,6 +19,7 @@ VERSION = 1
 DATA = 1  # a step of a collective
 P2P = 2  # send/recv between two ranks, matched by tag in FIFO order
 ABORT = 3  # a rank failed; payload is the UTF-8 reason, `kind` is the error class code
+PROBE = 4  # no payload: "I have waited a while on you in this collective" (its header)
 
 _STRUCT = struct.Struct("<2sBBBBBBIQIiQQ")
 SIZE = _STRUCT.size
@@ -39,6 +40,9 @@ KINDS = (
 )
 KIND_CODE = {name: i + 1 for i, name in enumerate(KINDS)}
 KIND_NAME = {code: name for name, code in KIND_CODE.items()}
+_REDUCING = {KIND_CODE[k] for k in ("all_reduce", "reduce", "reduce_scatter")}
+OP_NAMES = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG")  # ReduceOp's values
+ALGO_NAME: dict[int, str] = {}  # algorithm code -> name, filled in by the layer that assigns them
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,9 +102,13 @@ class Header:
             return (
                 f"send(tag={self.tag}, dtype={_dtypes.code_name(self.dtype)}, bytes={self.nbytes})"
             )
+        algo = ALGO_NAME.get(self.algo, str(self.algo))
+        op = ""
+        if self.kind in _REDUCING:
+            op = f"op={OP_NAMES[self.op] if self.op < len(OP_NAMES) else self.op}, "
         return (
             f"{kind}(#{self.seq}, dtype={_dtypes.code_name(self.dtype)}, count={self.count}, "
-            f"root={self.root}, op={self.op}, algorithm={self.algo})"
+            f"root={self.root}, {op}algorithm={algo})"
         )
 
 
@@ -114,7 +122,7 @@ def unpack(data: bytes | memoryview) -> Header:
         raise FrameError(f"bad magic {fields[0]!r}")
     if fields[1] != VERSION:
         raise FrameError(f"unsupported frame version {fields[1]}")
-    if fields[2] not in (DATA, P2P, ABORT):
+    if fields[2] not in (DATA, P2P, ABORT, PROBE):
         raise FrameError(f"unknown frame type {fields[2]}")
     return Header(*fields[2:])
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import errno
 import logging
+import queue
 import selectors
 import socket
 import struct
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -40,7 +42,17 @@ log = logging.getLogger("pycollective.transport")
 _HELLO = struct.Struct("<4sII")  # b"HELO", rank, world size
 _PURPOSE = b"transport"
 MAX_FRAME_BYTES = 1 << 40  # a peer's length beyond this is a protocol error, not a malloc
+# A collective whose receives have waited this long tells the peers it waits on which
+# collective it is in (a PROBE frame). Ranks that called different collectives and only
+# wait on each other (so no data ever flows to reveal the difference) then find out at
+# once instead of at the timeout. A peer that is merely slow checks it when it gets there.
+PROBE_AFTER = 0.5
 DEFAULT_MAX_UNEXPECTED = 8 << 30  # bytes held for receives not yet posted
+# A send abandoned mid-frame (the exchange failed) is finished if at most this much is
+# left and it goes within FINISH_SECONDS: the stream stays in step, so the peer then hears
+# the abort notice saying why, instead of a hang-up that looks like this rank crashed.
+FINISH_BYTES = 64 << 20
+FINISH_SECONDS = 1.0
 
 _ERROR_CODES: dict[type[CollectiveError], int] = {
     CollectiveError: 1,
@@ -50,6 +62,26 @@ _ERROR_CODES: dict[type[CollectiveError], int] = {
     UsageError: 5,
 }
 _ERROR_TYPES = {code: cls for cls, code in _ERROR_CODES.items()}
+
+
+def _data_header(sends: Sequence[OutMessage], recvs: Sequence[InMessage]) -> Header | None:
+    """The header of the collective an exchange belongs to (None for point-to-point)."""
+    if recvs:
+        header = recvs[0].expect
+    elif sends:
+        header = sends[0].header
+    else:
+        return None
+    return header if header.frame == _wire.DATA else None
+
+
+def _copy_error(exc: CollectiveError) -> CollectiveError:
+    """A fresh exception like `exc` (same class, message and details) to raise again."""
+    if isinstance(exc, TransportError):
+        return TransportError(str(exc), peer=exc.peer)
+    if isinstance(exc, CollectiveTimeout):
+        return CollectiveTimeout(str(exc), op=exc.op, seq=exc.seq, waiting_on=exc.waiting_on)
+    return type(exc)(str(exc))
 
 
 def _error_code(exc: BaseException) -> int:
@@ -117,7 +149,20 @@ class TCPTransport(Transport):
         self._unexpected: dict[tuple, deque[tuple[int, Header, np.ndarray]]] = {}
         self._unexpected_bytes = 0
         self._aborted: dict[int, CollectiveError] = {}  # group id -> the error a peer reported
+        self._abort_seq: dict[int, int] = {}  # group id -> the collective that failed
         self._closed = False
+        # Error paths: the collective each group runs (or last ran), to tell a peer's early
+        # or stale frame from a mismatch; the group of the exchange in progress; PROBEs
+        # from peers; and interrupt(), which wakes the selector from any thread.
+        self._current: dict[int, Header] = {}
+        self._previous: dict[int, Header] = {}  # the one before, to describe a stale frame
+        self._active: int | None = None
+        self._probes: dict[tuple[int, int], Header] = {}  # (group, peer) -> its PROBE
+        self._interrupted: str | None = None
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
 
     # ------------------------------------------------------------------ public interface
 
@@ -134,10 +179,16 @@ class TCPTransport(Transport):
     ) -> None:
         if self._closed:
             raise TransportError("the transport is closed (destroy_process_group was called)")
-        self._raise_if_aborted(group)
+        self._raise_if_interrupted()
+        current = _data_header(sends, recvs)
+        seq = None if current is None else current.seq
+        self._raise_if_aborted(group, seq)
         for m in sends:
             self._check_peer(m.peer)
         try:
+            self._active = group
+            if current is not None:
+                self._begin(group, current)
             for m in recvs:
                 # A message already here counts even if its sender has since left.
                 self._post(m)
@@ -145,15 +196,49 @@ class TCPTransport(Transport):
                     self._check_peer(m.peer)
             for m in sends:
                 self._enqueue(m)
-            self._drive(sends, recvs, deadline, group, label)
+            self._drive(sends, recvs, deadline, group, label, seq)
         except BaseException:
             self._unpost(recvs)
             self._drop_unsent(sends)
             raise
+        finally:
+            self._active = None
 
-    def abort(self, peers: Iterable[int], group: int, error: CollectiveError) -> None:
+    def check_group(self, group: int, seq: int | None = None) -> None:
+        """Raise now if a peer reported that `group` failed (in collective `seq` or before;
+        None: any): read whatever already arrived, abort notices included, without waiting.
+        One non-blocking select. A peer that hung up is not a failure by itself: it may
+        have finished its part and left (a clean exit and a crash look alike on TCP);
+        whoever still needs it finds out in the exchange and tells the others."""
+        if self._closed:
+            raise TransportError("the transport is closed (destroy_process_group was called)")
+        self._raise_if_interrupted()
+        self._pump(0.0)
+        self._raise_if_aborted(group, seq)
+
+    def interrupt(self, reason: str) -> None:
+        """Make the exchange in progress (in any thread), and every later one, raise
+        TransportError(reason) promptly. Used by destroy_process_group."""
+        self._interrupted = reason
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass  # already woken (buffer full) or closed
+
+    def abort(
+        self, peers: Iterable[int], group: int, error: CollectiveError, seq: int = 0
+    ) -> None:
         reason = str(error).encode("utf-8", "replace")[: _wire.MAX_ABORT_PAYLOAD]
-        header = Header(_wire.ABORT, _error_code(error), 0, 0, 0, group, 0, 0, 0, 0, len(reason))
+        # `root` names the rank at fault when there is exactly one (the lost peer, the rank
+        # a timeout waited on), so the relayed error keeps .peer / .waiting_on.
+        culprit = -1
+        if isinstance(error, TransportError) and error.peer is not None:
+            culprit = error.peer
+        elif isinstance(error, CollectiveTimeout) and len(error.waiting_on) == 1:
+            culprit = error.waiting_on[0]
+        header = Header(
+            _wire.ABORT, _error_code(error), 0, 0, 0, group, seq, 0, culprit, 0, len(reason)
+        )
         frame = header.pack() + reason
         for peer in peers:
             conn = self._conns.get(peer)
@@ -176,6 +261,12 @@ class TCPTransport(Transport):
         if self._closed:
             return
         self._closed = True
+        for sock in (self._wake_r, self._wake_w):
+            try:
+                self._sel.unregister(sock)
+            except (KeyError, ValueError):
+                pass
+            sock.close()
         for conn in self._conns.values():
             try:
                 self._sel.unregister(conn.sock)
@@ -203,6 +294,37 @@ class TCPTransport(Transport):
             )
         if conn.lost is not None:
             raise TransportError(f"rank {peer} is unreachable: {conn.lost}", peer=peer)
+
+    def _begin(self, group: int, header: Header) -> None:
+        """Note the collective `group` is running. When it is a new one, check the frames
+        peers sent early: one that contradicts it, or that belongs to an earlier collective
+        nobody received, means the ranks called different things (else that frame would
+        sit unread forever while the ranks compute on)."""
+        current = self._current.get(group)
+        if current is not None and current.seq == header.seq:
+            return
+        if current is not None:
+            self._previous[group] = current
+        self._current[group] = header
+        for key, stashed in self._unexpected.items():
+            if key[0] != _wire.DATA or key[1] != group or key[2] > header.seq:
+                continue
+            for peer, got, _payload in stashed:
+                if got.seq < header.seq:
+                    self._stale(peer, got, header)
+                diffs = _wire.meta_differences(got, header)
+                if diffs:
+                    self._mismatch(peer, got, header, diffs)
+        if self._probes:
+            for (g, peer), got in list(self._probes.items()):
+                if g != group or got.seq > header.seq:
+                    continue
+                del self._probes[(g, peer)]
+                ours = header if got.seq == header.seq else current
+                if ours is not None and ours.seq == got.seq:
+                    diffs = _wire.meta_differences(got, ours)
+                    if diffs:
+                        self._mismatch(peer, got, ours, diffs)
 
     def _post(self, m: InMessage) -> None:
         key = m.expect.key
@@ -243,6 +365,7 @@ class TCPTransport(Transport):
                     self._lose(conn, "a receive was abandoned mid-message")
 
     def _drop_unsent(self, sends: Sequence[OutMessage]) -> None:
+        half_sent = []
         for m in sends:
             if m.done:
                 continue
@@ -250,9 +373,28 @@ class TCPTransport(Transport):
             if conn is None or m not in conn.outq:
                 continue
             if conn.outq[0] is m and conn.out_sent:
-                self._lose(conn, "a send was abandoned mid-message")
+                half_sent.append((conn, m))
             else:
                 conn.outq.remove(m)
+        for conn, m in half_sent:
+            self._finish_frame(conn, m)
+
+    def _finish_frame(self, conn: _Conn, m: OutMessage) -> None:
+        """Send the rest of a frame the failed exchange left half-sent, within bounds (the
+        peer is reading: every rank reads all its connections while it waits), else give
+        up the connection: the byte stream cannot be resumed mid-frame."""
+        left = _wire.SIZE + m.payload.nbytes - conn.out_sent
+        deadline = time.monotonic() + FINISH_SECONDS
+        while left <= FINISH_BYTES and conn.lost is None and conn.outq and conn.outq[0] is m:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                self._pump(min(remaining, 0.05))
+            except CollectiveError:
+                pass  # this exchange failed already; other news waits for the next call
+        if conn.lost is None and conn.outq and conn.outq[0] is m:
+            self._lose(conn, "a send was abandoned mid-message")
 
     def _enqueue(self, m: OutMessage) -> None:
         conn = self._conns[m.peer]
@@ -269,8 +411,9 @@ class TCPTransport(Transport):
         deadline: float | None,
         group: int,
         label: str,
+        seq: int | None = None,
     ) -> None:
-        select = self._sel.select
+        probe_at = time.monotonic() + PROBE_AFTER if recvs else None
         while True:
             if all(m.done for m in recvs) and all(m.done for m in sends):
                 return
@@ -279,23 +422,71 @@ class TCPTransport(Transport):
             else:
                 timeout = deadline - time.monotonic()
                 if timeout <= 0:
+                    self._pump(0.0)  # an abort notice already here explains the wait
+                    self._raise_if_aborted(group, seq, sends, recvs)
                     raise self._timeout(sends, recvs, label)
                 timeout = min(timeout, 1.0)
-            for key, mask in select(timeout):
-                conn: _Conn = key.data
-                if conn.lost is not None:
-                    continue
-                if mask & selectors.EVENT_WRITE:
-                    self._flush(conn)
-                if mask & selectors.EVENT_READ and conn.lost is None:
-                    self._read(conn)
-            self._raise_if_aborted(group)
+            if probe_at is not None:
+                until_probe = probe_at - time.monotonic()
+                if until_probe <= 0:
+                    probe_at = None
+                    self._probe(recvs)
+                else:
+                    timeout = min(timeout, until_probe)
+            self._pump(timeout)
+            self._raise_if_aborted(group, seq, sends, recvs)
+            self._raise_if_interrupted()
             for m in recvs:
                 if not m.done:
                     self._raise_if_lost(m.peer)
             for m in sends:
                 if not m.done:
                     self._raise_if_lost(m.peer)
+
+    def _probe(self, recvs: Sequence[InMessage]) -> None:
+        """Tell each peer we still wait on in this collective which collective it is."""
+        seen = set()
+        for m in recvs:
+            if m.done or m.expect.frame != _wire.DATA or m.peer in seen:
+                continue
+            seen.add(m.peer)
+            conn = self._conns.get(m.peer)
+            if conn is None or conn.lost is not None:
+                continue
+            e = m.expect
+            header = Header(
+                _wire.PROBE, e.kind, e.dtype, e.op, e.algo, e.group, e.seq, 0, e.root, e.count, 0
+            )
+            self._enqueue(OutMessage(m.peer, header, memoryview(b"")))
+
+    def _on_probe(self, peer: int, got: Header) -> None:
+        current = self._current.get(got.group)
+        if got.group == self._active and current is not None and current.seq == got.seq:
+            diffs = _wire.meta_differences(got, current)
+            if diffs:
+                self._mismatch(peer, got, current, diffs)
+        elif current is None or got.seq >= current.seq:
+            # checked when this group next runs (_begin); raising now would blame
+            # whatever other group's exchange happens to be in progress
+            self._probes[(got.group, peer)] = got
+
+    def _pump(self, timeout: float) -> None:
+        """Wait up to `timeout` for sockets to be ready, then make every bit of progress."""
+        for key, mask in self._sel.select(timeout):
+            conn: _Conn | None = key.data
+            if conn is None:  # interrupt()'s wake-up
+                try:
+                    while self._wake_r.recv(256):
+                        pass
+                except OSError:
+                    pass
+                continue
+            if conn.lost is not None:
+                continue
+            if mask & selectors.EVENT_WRITE:
+                self._flush(conn)
+            if mask & selectors.EVENT_READ and conn.lost is None:
+                self._read(conn)
 
     def _timeout(
         self, sends: Sequence[OutMessage], recvs: Sequence[InMessage], label: str
@@ -316,10 +507,37 @@ class TCPTransport(Transport):
         if conn.lost is not None:
             raise TransportError(f"rank {self.rank} lost rank {peer}: {conn.lost}", peer=peer)
 
-    def _raise_if_aborted(self, group: int) -> None:
+    def _raise_if_aborted(
+        self,
+        group: int,
+        seq: int | None = None,
+        sends: Sequence[OutMessage] = (),
+        recvs: Sequence[InMessage] = (),
+    ) -> None:
+        """Raise the failure a peer reported for `group`, unless it failed in a collective
+        after `seq`, the one running here: that peer finished ours, so what we wait on can
+        still come (the next call raises). Point-to-point (seq None) always raises.
+
+        A relayed timeout says whom this rank was waiting for, too: the peer that timed
+        out first may have been waiting on us, while we wait on the rank actually late."""
         exc = self._aborted.get(group)
-        if exc is not None:
-            raise type(exc)(str(exc))
+        if exc is None or (seq is not None and self._abort_seq[group] > seq):
+            return
+        error = _copy_error(exc)
+        if isinstance(error, CollectiveTimeout):
+            waiting = sorted(
+                {m.peer for m in recvs if not m.done} | {m.peer for m in sends if not m.done}
+            )
+            if waiting:
+                error = CollectiveTimeout(
+                    f"{error}; rank {self.rank} was waiting for rank(s) {waiting}",
+                    waiting_on=waiting,
+                )
+        raise error
+
+    def _raise_if_interrupted(self) -> None:
+        if self._interrupted is not None:
+            raise TransportError(self._interrupted)
 
     def _lose(self, conn: _Conn, reason: str) -> None:
         if conn.lost is not None:
@@ -409,6 +627,8 @@ class TCPTransport(Transport):
             ) from None
         if header.nbytes > MAX_FRAME_BYTES or (
             header.frame == _wire.ABORT and header.nbytes > _wire.MAX_ABORT_PAYLOAD
+        ) or (
+            header.frame == _wire.PROBE and header.nbytes
         ):
             self._lose(conn, f"oversized frame ({header.nbytes} bytes)")
             raise TransportError(
@@ -444,7 +664,7 @@ class TCPTransport(Transport):
 
     def _match(self, peer: int, header: Header) -> InMessage | None:
         """The posted receive this header is for, after checking it agrees with ours."""
-        if header.frame == _wire.ABORT:
+        if header.frame == _wire.ABORT or header.frame == _wire.PROBE:
             return None
         key = header.key
         queue = self._posted.get((peer, key))
@@ -475,16 +695,27 @@ class TCPTransport(Transport):
     def _check_early(self, peer: int, got: Header) -> None:
         """A DATA frame nobody waits for yet: fine if it belongs to a later step or collective,
         a mismatch if it contradicts the collective in progress or belongs to an earlier one."""
-        for (p, _key), queue in self._posted.items():
-            if p != peer or not queue:
-                continue
-            want = queue[0].expect
-            if want.frame != _wire.DATA or want.group != got.group:
-                continue
-            if got.seq == want.seq and _wire.meta_differences(got, want):
-                self._mismatch(peer, got, want, _wire.meta_differences(got, want))
-            if got.seq < want.seq:
-                self._mismatch(peer, got, want, ["sequence number"])
+        if got.group != self._active:
+            return  # another group's business: checked when that group runs (_begin)
+        want = self._current.get(got.group)
+        if want is None:
+            return
+        if got.seq == want.seq:
+            diffs = _wire.meta_differences(got, want)
+            if diffs:
+                self._mismatch(peer, got, want, diffs)
+        elif got.seq < want.seq:
+            self._stale(peer, got, want)
+
+    def _stale(self, peer: int, got: Header, current: Header) -> None:
+        """A frame of a collective this rank already finished without it: the ranks' calls
+        differed. Name what this rank called then, if remembered, else what it runs now."""
+        before = self._previous.get(got.group)
+        if before is not None and before.seq == got.seq:
+            diffs = _wire.meta_differences(got, before)
+            if diffs:
+                self._mismatch(peer, got, before, diffs)
+        self._mismatch(peer, got, current, ["sequence number"])
 
     def _mismatch(self, peer: int, got: Header, want: Header, diffs: list[str]) -> None:
         raise MismatchError(
@@ -498,19 +729,41 @@ class TCPTransport(Transport):
         target, stash = conn.target, conn.stash
         conn.cur = conn.target = conn.stash = conn.view = None
         conn.got = 0
+        if header.frame == _wire.PROBE:
+            self._on_probe(conn.peer, header)
+            return
         if header.frame == _wire.ABORT:
             self._unexpected_bytes -= header.nbytes
             reason = bytes(stash).decode("utf-8", "replace") if stash is not None else ""
             cls = _ERROR_TYPES.get(header.kind, CollectiveError)
             if cls is UsageError:
                 cls = CollectiveError  # someone else's misuse is not ours
-            self._aborted[header.group] = cls(f"rank {conn.peer} failed: {reason}")
+            message = f"rank {conn.peer} failed: {reason}"
+            culprit = header.root if header.root >= 0 else None
+            if cls is TransportError:
+                error: CollectiveError = TransportError(message, peer=culprit)
+            elif cls is CollectiveTimeout:
+                waiting = () if culprit is None else (culprit,)
+                error = CollectiveTimeout(message, waiting_on=waiting)
+            else:
+                error = cls(message)
+            if header.seq < self._abort_seq.get(header.group, header.seq + 1):
+                # the earliest collective that failed is the one to report
+                self._aborted[header.group] = error
+                self._abort_seq[header.group] = header.seq
             return
         if target is not None:
             self._complete(target, conn.peer, header)
         else:
             assert stash is not None  # noqa: S101
-            self._unexpected.setdefault(header.key, deque()).append((conn.peer, header, stash))
+            # Its receive may have been posted while the message was still arriving.
+            late = self._match(conn.peer, header)
+            if late is not None:
+                self._unexpected_bytes -= header.nbytes
+                late.dest[: header.nbytes] = stash.data
+                self._complete(late, conn.peer, header)
+            else:
+                self._unexpected.setdefault(header.key, deque()).append((conn.peer, header, stash))
 
     @staticmethod
     def _complete(m: InMessage, peer: int, header: Header) -> None:
@@ -585,25 +838,8 @@ def connect_mesh(
             _tune(sock)
             conns[peer] = sock
         expected = set(range(rank + 1, size))
-        while expected:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise CollectiveTimeout(
-                    f"rank {rank} timed out waiting for rank(s) {sorted(expected)} to connect",
-                    op="init",
-                    waiting_on=sorted(expected),
-                )
-            listener.settimeout(remaining)
-            try:
-                sock, addr = listener.accept()
-            except TimeoutError:
-                continue
-            peer = _accept_peer(sock, addr, rank, size, secret, expected, deadline)
-            if peer is None:
-                continue
-            _tune(sock)
-            conns[peer] = sock
-            expected.discard(peer)
+        if expected:
+            _accept_all(listener, rank, size, secret, expected, deadline, conns)
     except BaseException:
         for sock in conns.values():
             sock.close()
@@ -613,13 +849,103 @@ def connect_mesh(
     return TCPTransport(rank, size, conns)
 
 
+_MAX_HANDSHAKES = 64  # connections authenticating at once; more are refused outright
+_ACCEPT_POLL = 0.05  # seconds between looks at finished handshakes
+
+
+def _accept_all(
+    listener: socket.socket,
+    rank: int,
+    size: int,
+    secret: bytes,
+    expected: set[int],
+    deadline: float,
+    conns: dict[int, socket.socket],
+) -> None:
+    """Accept until every rank in `expected` has joined, authenticating each incoming
+    connection on its own short-lived thread, so a client that connects and then says
+    nothing (or dribbles) cannot hold up the real ranks: it times out on its own."""
+    results: queue.SimpleQueue[tuple[socket.socket, int | None]] = queue.SimpleQueue()
+    lock = threading.Lock()
+    state = {"open": True, "running": 0}
+
+    def handshake(sock: socket.socket, addr: tuple) -> None:
+        peer = _accept_peer(sock, addr, rank, size, secret, deadline)
+        with lock:
+            state["running"] -= 1
+            if state["open"]:
+                results.put((sock, peer))
+                return
+        sock.close()  # the mesh is done (or gave up): nobody will take this one
+
+    try:
+        while expected:
+            while True:  # collect finished handshakes
+                try:
+                    sock, peer = results.get_nowait()
+                except queue.Empty:
+                    break
+                if peer is None:
+                    continue  # refused and closed by _accept_peer
+                if peer not in expected:
+                    log.warning(
+                        "rank %d refused a second connection claiming to be rank %d", rank, peer
+                    )
+                    sock.close()
+                    continue
+                _tune(sock)
+                conns[peer] = sock
+                expected.discard(peer)
+            if not expected:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CollectiveTimeout(
+                    f"rank {rank} timed out waiting for rank(s) {sorted(expected)} to connect",
+                    op="init",
+                    waiting_on=sorted(expected),
+                )
+            listener.settimeout(min(remaining, _ACCEPT_POLL))
+            try:
+                sock, addr = listener.accept()
+            except (TimeoutError, BlockingIOError, InterruptedError):
+                continue
+            with lock:
+                busy = state["running"] >= _MAX_HANDSHAKES
+                if not busy:
+                    state["running"] += 1
+            if busy:
+                log.warning(
+                    "rank %d refused a connection from %s: too many handshakes in progress",
+                    rank,
+                    addr,
+                )
+                sock.close()
+                continue
+            threading.Thread(
+                target=handshake,
+                args=(sock, addr),
+                name=f"pycollective-handshake-{rank}",
+                daemon=True,
+            ).start()
+    finally:
+        with lock:
+            state["open"] = False
+        while True:  # finished but not taken: close them
+            try:
+                sock, peer = results.get_nowait()
+            except queue.Empty:
+                break
+            if conns.get(peer) is not sock:
+                sock.close()
+
+
 def _accept_peer(
     sock: socket.socket,
     addr: tuple,
     rank: int,
     size: int,
     secret: bytes,
-    expected: set[int],
     deadline: float,
 ) -> int | None:
     """Authenticate an incoming connection; return its rank, or None (and close it)."""
@@ -627,7 +953,7 @@ def _accept_peer(
         _auth.accept_handshake(
             sock, secret, _PURPOSE, timeout=min(5.0, max(0.1, deadline - time.monotonic()))
         )
-        sock.settimeout(5.0)
+        sock.settimeout(min(5.0, max(0.1, deadline - time.monotonic())))
         data = b""
         while len(data) < _HELLO.size:
             chunk = sock.recv(_HELLO.size - len(data))
@@ -635,7 +961,7 @@ def _accept_peer(
                 raise AuthenticationError("closed before saying which rank it is")
             data += chunk
         magic, peer, peer_size = _HELLO.unpack(data)
-        if magic != b"HELO" or peer_size != size or peer not in expected:
+        if magic != b"HELO" or peer_size != size or not rank < peer < size:
             raise AuthenticationError(f"unexpected hello (rank {peer}, world size {peer_size})")
         return peer
     except (AuthenticationError, OSError) as exc:

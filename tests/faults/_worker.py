@@ -1,0 +1,222 @@
+"""One rank of a fault-injection job (tests/faults). Run by tests/_launch.run_ranks.
+
+    python tests/faults/_worker.py SCENARIO [ARG]
+
+Every attempted operation prints one line `RESULT {json}` (step name, error class and
+its bases, message, seconds taken), so the test can check each rank's outcome and how
+long it took. The last lines report how long destroy_process_group took and which
+threads were still alive after it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+import pycollective as dist
+from pycollective import ReduceOp
+
+RANK = int(os.environ["RANK"])
+P = int(os.environ["WORLD_SIZE"])
+
+
+def report(**fields) -> None:
+    print("RESULT " + json.dumps(fields), flush=True)
+
+
+def attempt(step: str, fn) -> BaseException | None:
+    t0 = time.monotonic()
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        report(
+            step=step,
+            error=type(exc).__name__,
+            bases=[c.__name__ for c in type(exc).__mro__],
+            msg=str(exc),
+            elapsed=time.monotonic() - t0,
+        )
+        return exc
+    report(step=step, error=None, elapsed=time.monotonic() - t0)
+    return None
+
+
+def finish() -> None:
+    t0 = time.monotonic()
+    dist.destroy_process_group()
+    elapsed = time.monotonic() - t0
+    # Give threads that were told to stop a moment to return.
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        alive = [t for t in threading.enumerate() if t is not threading.main_thread()]
+        if not alive:
+            break
+        time.sleep(0.02)
+    alive = [t for t in threading.enumerate() if t is not threading.main_thread()]
+    report(
+        step="destroy",
+        error=None,
+        elapsed=elapsed,
+        threads=[t.name for t in alive],
+        non_daemon=[t.name for t in alive if not t.daemon],
+    )
+
+
+# ---------------------------------------------------------------------- mismatched calls
+
+
+def _ar(n=8, dt=np.float32, op=ReduceOp.SUM, algorithm=None):
+    return lambda: dist.all_reduce(np.ones(n, dt), op=op, algorithm=algorithm)
+
+
+def _bc(src, n=8, dt=np.float32):
+    return lambda: dist.broadcast(np.ones(n, dt), src=src)
+
+
+def mismatch(variant: str) -> None:
+    first = RANK == 0
+    if variant == "kind":
+        call = _ar() if first else _bc(0)
+    elif variant == "count":
+        call = _ar(10 if first else 12)
+    elif variant == "dtype":
+        call = _ar(dt=np.float32 if first else np.float64)
+    elif variant == "op":
+        call = _ar(op=ReduceOp.SUM if first else ReduceOp.MAX)
+    elif variant == "root":
+        call = _bc(0 if first else 1)
+    elif variant == "algorithm":
+        call = _ar(n=64, algorithm="ring" if first else "tree")
+    elif variant == "extra":
+        # everyone agrees on #0; rank 0 then does one more all_reduce while the others
+        # move on to a broadcast
+        attempt("agree", _ar())
+        if first:
+            attempt("extra", _ar())
+        call = _ar() if first else _bc(0)
+    elif variant == "late":
+        # rank 0 does an extra barrier first: its #0 meets everyone else's all_reduce #0
+        call = (lambda: (dist.barrier(), _ar()())) if first else _ar()
+    elif variant in ("p2p-dtype", "p2p-size"):
+        if first:
+            call = lambda: dist.send(np.ones(4, np.float32), dst=1)  # noqa: E731
+        elif RANK == 1:
+            dt, n = (np.float64, 2) if variant == "p2p-dtype" else (np.float32, 6)
+            call = lambda: dist.recv(np.zeros(n, dt), src=0)  # noqa: E731
+        else:
+            call = lambda: None  # noqa: E731
+    else:
+        raise SystemExit(f"unknown variant {variant}")
+    attempt("mismatch", call)
+    attempt("after", _ar())
+
+
+# ---------------------------------------------------------------------- a rank dies
+
+
+def die(how: str, algorithm: str, victim: int, n: int) -> None:
+    """Loop all_reduce; the victim dies from a timer thread, mid-collective."""
+    if RANK == victim:
+        def kill() -> None:
+            if how == "exit":
+                os._exit(17)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Timer(0.4, kill).start()
+    data = np.ones(n, np.float32)
+    t_end = time.monotonic() + 20
+    i = 0
+    last = time.monotonic()
+    try:
+        while time.monotonic() < t_end:
+            last = time.monotonic()
+            dist.all_reduce(data, algorithm=algorithm)
+            data[:] = 1
+            i += 1
+        report(step="loop", error=None, elapsed=0.0, iterations=i)
+    except Exception as exc:  # noqa: BLE001
+        report(
+            step="loop",
+            error=type(exc).__name__,
+            bases=[c.__name__ for c in type(exc).__mro__],
+            msg=str(exc),
+            elapsed=time.monotonic() - last,
+            iterations=i,
+            peer=getattr(exc, "peer", None),
+        )
+    attempt("after", _ar())
+
+
+# ---------------------------------------------------------------------- a rank never calls
+
+
+def sleeper(nap: float) -> None:
+    sleepy = P - 1
+    if RANK == sleepy:
+        time.sleep(nap)
+        attempt("late", _ar())
+    else:
+        exc = attempt("timeout", _ar())
+        if exc is not None:
+            report(step="timeout-info", error=None, elapsed=0.0,
+                   waiting_on=list(getattr(exc, "waiting_on", ()) or ()))
+        # stay up until the sleeper has called, so it hears the news from us
+        time.sleep(max(0.0, nap + 1.5 - 2.0))
+        attempt("after", _ar())
+
+
+# ---------------------------------------------------------------------- async work
+
+
+def async_error(kind: str) -> None:
+    if kind == "mismatch":
+        work = dist.all_reduce(np.ones(8 if RANK == 0 else 9, np.float32), async_op=True)
+    else:  # a rank dies while the others' async all_reduce is in flight
+        if RANK == P - 1:
+            time.sleep(0.3)
+            os._exit(17)
+        work = dist.all_reduce(np.ones(8, np.float32), async_op=True)
+    attempt("wait", lambda: work.wait())
+    attempt("after-async", lambda: dist.all_reduce(np.ones(8, np.float32), async_op=True).wait())
+
+
+def pending_at_destroy() -> None:
+    """Destroy with an async collective still waiting on a rank that never joins it."""
+    if RANK == 0:
+        work = dist.all_reduce(np.ones(8, np.float32), async_op=True)
+        time.sleep(0.2)
+        report(step="pending", error=None, elapsed=0.0, done=work.is_completed())
+        finish()
+        attempt("wait-after-destroy", lambda: work.wait(timeout=5))
+        return
+    time.sleep(3.0)
+    finish()
+
+
+def main() -> None:
+    scenario, *args = sys.argv[1:]
+    dist.init_process_group()
+    if scenario == "mismatch":
+        mismatch(args[0])
+    elif scenario == "die":
+        die(args[0], args[1], int(args[2]), int(args[3]))
+    elif scenario == "sleep":
+        sleeper(float(args[0]))
+    elif scenario == "async":
+        async_error(args[0])
+    elif scenario == "pending":
+        pending_at_destroy()
+        return
+    else:
+        raise SystemExit(f"unknown scenario {scenario}")
+    finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Faults in real jobs (DESIGN.md section 6, layer 4): mismatched calls, a rank that dies,
+a rank that never calls, errors in async work, and tear-down after all of them. Every rank
+involved must raise a CollectiveError subclass within a bound; nothing hangs; every process
+exits cleanly with no thread left running.
+
+Each job runs tests/faults/_worker.py, which reports every step as a `RESULT {json}` line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from tests._launch import REPO, RankResult, run_ranks
+
+WORKER = REPO / "tests" / "faults" / "_worker.py"
+COLLECTIVE_ERRORS = {
+    "CollectiveError", "TransportError", "CollectiveTimeout", "MismatchError", "UsageError",
+}
+
+
+def _job(nprocs: int, *args: str, timeout: float = 10.0, job_timeout: float = 40.0):
+    results = run_ranks(
+        WORKER, nprocs, tuple(args), env={"PYCOLLECTIVE_TIMEOUT": str(timeout)},
+        timeout=job_timeout,
+    )
+    return results, {r.rank: _steps(r) for r in results}
+
+
+def _steps(r: RankResult) -> dict[str, dict]:
+    steps = {}
+    for line in r.stdout.splitlines():
+        if line.startswith("RESULT "):
+            d = json.loads(line[len("RESULT "):])
+            steps[d["step"]] = d
+    return steps
+
+
+def _where(r: RankResult) -> str:
+    return (
+        f"rank {r.rank} (exit {r.returncode})\n"
+        f"stdout:\n{r.stdout[-2500:]}\nstderr:\n{r.stderr[-2500:]}"
+    )
+
+
+def _check_clean_exit(r: RankResult, steps: dict) -> None:
+    """Exit 0; destroy_process_group returned promptly and left no thread running."""
+    assert r.returncode == 0, _where(r)
+    d = steps.get("destroy")
+    assert d is not None, _where(r)
+    assert d["elapsed"] < 2.0, _where(r)
+    assert d["threads"] == [], _where(r)
+
+
+def _is_collective_error(step: dict) -> bool:
+    return step["error"] is not None and "CollectiveError" in step["bases"]
+
+
+# ---------------------------------------------------------------------- 1. mismatched calls
+
+# variant -> text each side's description must show (rank 0's side, the others' side)
+SIDES = {
+    "kind": ("all_reduce(", "broadcast("),
+    "count": ("count=10", "count=12"),
+    "dtype": ("float32", "float64"),
+    "op": ("op=SUM", "op=MAX"),
+    "root": ("root=0", "root=1"),
+    "algorithm": ("algorithm=ring", "algorithm=tree"),
+    "extra": ("all_reduce(", "broadcast("),
+    "late": ("barrier(", "all_reduce("),
+    "p2p-dtype": ("dtype=float32", "dtype=float64"),
+    "p2p-size": ("bytes=16", "bytes=24"),
+}
+# A rank whose part is only sending can finish before the receiver sees the mismatch (there
+# is no acknowledgement to wait for); it must then raise at its next call on the group.
+SEND_ONLY_POSSIBLE = {"root", "p2p-dtype", "p2p-size"}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("nprocs", [2, 3])
+@pytest.mark.parametrize("variant", list(SIDES))
+def test_mismatch_raises_on_every_rank_naming_both_sides(variant: str, nprocs: int) -> None:
+    results, steps = _job(nprocs, "mismatch", variant)
+    mine, theirs = SIDES[variant]
+    for r in results:
+        s = steps[r.rank]
+        _check_clean_exit(r, s)
+        order = ["extra", "mismatch", "after"] if variant == "extra" else ["mismatch", "after"]
+        failed = [s[k] for k in order if k in s and s[k]["error"] is not None]
+        assert failed, f"no error at all on\n{_where(r)}"
+        first = failed[0]
+        assert first["error"] == "MismatchError", _where(r)
+        if variant not in SEND_ONLY_POSSIBLE:
+            # every rank of these receives something in the call itself
+            assert s["mismatch" if variant != "extra" or r.rank else "extra"]["error"], _where(r)
+        msg = first["msg"]
+        assert re.search(r"rank \d+ called .+ but rank \d+ called ", msg), msg
+        assert mine in msg and theirs in msg, msg
+        assert first["elapsed"] < 5.0, _where(r)  # the timeout is 10 s: not a timeout
+        # the group is unusable afterwards, and says so at once
+        after = s["after"]
+        assert _is_collective_error(after), _where(r)
+        assert after["elapsed"] < 1.0, _where(r)
+
+
+# ---------------------------------------------------------------------- 2. a rank dies
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "nprocs,how,algorithm,victim,count",
+    [
+        (4, "exit", "ring", 3, 65536),  # ring p=4: rank 1 is not next to rank 3
+        (4, "kill", "ring", 1, 65536),
+        (4, "kill", "tree", 3, 1000),  # tree p=4: a leaf dies; the root's other side hears late
+        (4, "exit", "tree", 0, 100000),  # the root dies
+        (3, "kill", "recursive_doubling", 1, 16),
+        (3, "exit", "auto", 2, 1 << 20),  # large: dies mid-transfer
+    ],
+)
+def test_rank_death_reaches_every_survivor_promptly(nprocs, how, algorithm, victim, count):
+    results, steps = _job(nprocs, "die", how, algorithm, str(victim), str(count), timeout=30)
+    for r in results:
+        if r.rank == victim:
+            assert r.returncode in (17, -9), _where(r)
+            continue
+        s = steps[r.rank]
+        _check_clean_exit(r, s)
+        loop = s["loop"]
+        assert loop["iterations"] > 0, _where(r)
+        assert loop["error"] in ("TransportError", "MismatchError", "CollectiveError"), _where(r)
+        assert loop["error"] != "CollectiveTimeout"
+        # learned from its own socket or from a peer's abort notice: well before the 30 s
+        assert loop["elapsed"] < 5.0, _where(r)
+        assert f"rank {victim}" in loop["msg"], _where(r)
+        if loop["error"] == "TransportError":
+            assert loop["peer"] == victim, _where(r)
+        assert _is_collective_error(s["after"]) and s["after"]["elapsed"] < 1.0, _where(r)
+
+
+# ---------------------------------------------------------------------- 3. a rank never calls
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_rank_that_never_calls_times_out_the_others_and_fails_itself(nprocs: int) -> None:
+    timeout, nap = 2.0, 3.0
+    results, steps = _job(nprocs, "sleep", str(nap), timeout=timeout)
+    sleepy = nprocs - 1
+    named = set()
+    for r in results:
+        s = steps[r.rank]
+        _check_clean_exit(r, s)
+        if r.rank == sleepy:
+            late = s["late"]
+            # the group already failed: it hears so at once instead of waiting its timeout
+            assert _is_collective_error(late), _where(r)
+            assert late["elapsed"] < 1.0, _where(r)
+            continue
+        t = s["timeout"]
+        assert t["error"] == "CollectiveTimeout", _where(r)
+        assert timeout - 0.1 <= t["elapsed"] < timeout + 1.0, _where(r)
+        assert "timed out waiting for rank(s)" in t["msg"], _where(r)
+        named.update(s["timeout-info"]["waiting_on"])
+        assert _is_collective_error(s["after"]), _where(r)
+    assert sleepy in named, steps
+
+
+# ---------------------------------------------------------------------- 4. async work, teardown
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["mismatch", "die"])
+def test_async_error_is_raised_by_wait_on_every_rank(kind: str) -> None:
+    nprocs = 3
+    results, steps = _job(nprocs, "async", kind)
+    for r in results:
+        if kind == "die" and r.rank == nprocs - 1:
+            assert r.returncode == 17, _where(r)
+            continue
+        s = steps[r.rank]
+        _check_clean_exit(r, s)
+        wait = s["wait"]
+        want = "MismatchError" if kind == "mismatch" else "TransportError"
+        assert wait["error"] == want, _where(r)
+        assert wait["elapsed"] < 5.0, _where(r)
+        assert _is_collective_error(s["after-async"]), _where(r)
+
+
+@pytest.mark.timeout(60)
+def test_destroy_with_a_collective_in_flight_returns_promptly() -> None:
+    """Rank 0 destroys while its async all_reduce waits on rank 1, who is alive but busy:
+    destroy returns within its grace period, the Work fails with a CollectiveError."""
+    results, steps = _job(2, "pending")
+    r0, r1 = results
+    s = steps[0]
+    assert r0.returncode == 0 and r1.returncode == 0, _where(r0) + _where(r1)
+    assert s["pending"]["done"] is False
+    assert s["destroy"]["elapsed"] < 1.5, _where(r0)
+    assert s["destroy"]["threads"] == [], _where(r0)
+    assert s["wait-after-destroy"]["error"] in COLLECTIVE_ERRORS, _where(r0)
+    assert s["wait-after-destroy"]["elapsed"] < 1.0, _where(r0)
+    assert steps[1]["destroy"]["elapsed"] < 2.0, _where(r1)
