@@ -94,6 +94,7 @@ class World:
     group_counts: dict[tuple[int, ...], int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False
+    owns_store: bool = True
 
     def __post_init__(self) -> None:
         # destroy_process_group stops the engine; a collective still waiting then is cut
