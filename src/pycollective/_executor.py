@@ -72,11 +72,101 @@ class _Reduction:
 
 
 def _overlaps(a: Chunk, b: Chunk) -> bool:
-    return a.buf == b.buf and a.offset < b.end and b.offset < a.end and a.count and b.count
+    return a.buf == b.buf and a.offset < b.end and b.offset < a.end and a.count > 0 < b.count
+
+
+@dataclass(frozen=True, slots=True)
+class _SendPlan:
+    peer: int  # group rank
+    buf: str
+    lo: int  # elements
+    hi: int
+    tag: int
+
+
+@dataclass(frozen=True, slots=True)
+class _RecvPlan:
+    peer: int
+    buf: str
+    lo: int
+    hi: int
+    tag: int
+    reduce: bool
+    via_temp: bool  # received into temporary space first (reduction, or dst is being sent)
+    temp_lo: int  # where in the temporary space
+    overlap_ok: bool  # may be combined piecewise while the round is still running
+
+
+@dataclass(frozen=True, slots=True)
+class _RoundPlan:
+    index: int
+    copies: tuple[tuple[Chunk, Chunk], ...]
+    sends: tuple[_SendPlan, ...]
+    recvs: tuple[_RecvPlan, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A schedule digested once for execution: tags, temporary space and overlap decisions
+    are worked out here instead of on every call."""
+
+    rounds: tuple[_RoundPlan, ...]
+    scratch: tuple[tuple[str, int], ...]
+    temp_elems: int
+
+
+def make_plan(schedule: Schedule) -> Plan:
+    rounds = []
+    temp_elems = 0
+    for index, rnd in enumerate(schedule.rounds):
+        if not rnd:
+            continue
+        send_chunks = [s.src for s in rnd if isinstance(s, Send)]
+        copies = tuple((s.src, s.dst) for s in rnd if isinstance(s, Copy))
+        sends, recvs = [], []
+        sent_to: dict[int, int] = {}
+        recv_from: dict[int, int] = {}
+        temp_used = 0
+        for step in rnd:
+            if isinstance(step, Send):
+                k = sent_to.get(step.peer, 0)
+                sent_to[step.peer] = k + 1
+                sends.append(
+                    _SendPlan(
+                        step.peer,
+                        step.src.buf,
+                        step.src.offset,
+                        step.src.end,
+                        index << _ROUND_BITS | k,
+                    )
+                )
+            elif isinstance(step, Recv):
+                k = recv_from.get(step.peer, 0)
+                recv_from[step.peer] = k + 1
+                clash = any(_overlaps(step.dst, c) for c in send_chunks)
+                via_temp = step.reduce or clash
+                recvs.append(
+                    _RecvPlan(
+                        step.peer,
+                        step.dst.buf,
+                        step.dst.offset,
+                        step.dst.end,
+                        index << _ROUND_BITS | k,
+                        step.reduce,
+                        via_temp,
+                        temp_used,
+                        not clash,
+                    )
+                )
+                if via_temp:
+                    temp_used += step.dst.count
+        temp_elems = max(temp_elems, temp_used)
+        rounds.append(_RoundPlan(index, copies, tuple(sends), tuple(recvs)))
+    return Plan(tuple(rounds), tuple(schedule.scratch.items()), temp_elems)
 
 
 def run_schedule(
-    schedule: Schedule,
+    schedule: Schedule | Plan,
     arrays: dict[str, np.ndarray],
     dtype: DType,
     kernel: Kernel | None,
@@ -87,86 +177,56 @@ def run_schedule(
     pool: ScratchPool,
     label: str = "",
 ) -> None:
-    """Execute `schedule` on `arrays` (1-D arrays of `dtype.numpy`, named as the schedule's
-    buffers). `ranks` maps group ranks to the transport's global ranks; `header` is the
-    template of every frame this collective sends."""
+    """Execute a schedule (or its Plan) on `arrays` (1-D arrays of `dtype.numpy`, named as
+    the schedule's buffers). `ranks` maps group ranks to the transport's global ranks;
+    `header` is the template of every frame this collective sends."""
+    plan = schedule if isinstance(schedule, Plan) else make_plan(schedule)
     itemsize = dtype.itemsize
     bufs = dict(arrays)
-    temp_elems = max((_temp_elems(rnd) for rnd in schedule.rounds), default=0)
-    scratch_elems = sum(schedule.scratch.values())
-    region = pool.take((scratch_elems + temp_elems) * itemsize).view(dtype.numpy)
+    scratch_elems = sum(count for _, count in plan.scratch)
+    region = pool.take((scratch_elems + plan.temp_elems) * itemsize).view(dtype.numpy)
     offset = 0
-    for name, count in schedule.scratch.items():
+    for name, count in plan.scratch:
         bufs[name] = region[offset : offset + count]
         offset += count
-    temp_region = region[offset:]
+    temp = region[offset:]
     raw = {name: arr.view(np.uint8) for name, arr in bufs.items()}
     group = header.group
+    with_tag = header.with_tag
 
-    def view(chunk: Chunk) -> np.ndarray:
-        return bufs[chunk.buf][chunk.offset : chunk.end]
-
-    def raw_view(chunk: Chunk) -> memoryview:
-        return memoryview(raw[chunk.buf][chunk.offset * itemsize : chunk.end * itemsize])
-
-    for index, rnd in enumerate(schedule.rounds):
-        if not rnd:
-            continue
-        sends: list[OutMessage] = []
-        recvs: list[InMessage] = []
+    for rnd in plan.rounds:
+        for src, dst in rnd.copies:
+            bufs[dst.buf][dst.offset : dst.end] = bufs[src.buf][src.offset : src.end]
+        sends = []
+        for s in rnd.sends:
+            payload = memoryview(raw[s.buf][s.lo * itemsize : s.hi * itemsize])
+            sends.append(OutMessage(ranks[s.peer], with_tag(s.tag, payload.nbytes), payload))
+        recvs = []
         pending: list[_Reduction] = []
-        send_chunks = [s.src for s in rnd if isinstance(s, Send)]
-        sent_to: dict[int, int] = {}
-        recv_from: dict[int, int] = {}
-        temp_used = 0
-        for step in rnd:
-            if isinstance(step, Copy):
-                view(step.dst)[...] = view(step.src)
-        for step in rnd:
-            if isinstance(step, Send):
-                k = sent_to.get(step.peer, 0)
-                sent_to[step.peer] = k + 1
-                payload = raw_view(step.src)
-                tag = index << _ROUND_BITS | k
-                sends.append(
-                    OutMessage(ranks[step.peer], header.with_tag(tag, payload.nbytes), payload)
+        for r in rnd.recvs:
+            expect = with_tag(r.tag, (r.hi - r.lo) * itemsize)
+            if r.via_temp:
+                tmp = temp[r.temp_lo : r.temp_lo + r.hi - r.lo]
+                red = _Reduction(
+                    bufs[r.buf][r.lo : r.hi],
+                    tmp,
+                    kernel if r.reduce else None,
+                    itemsize,
+                    r.overlap_ok,
                 )
-            elif isinstance(step, Recv):
-                k = recv_from.get(step.peer, 0)
-                recv_from[step.peer] = k + 1
-                tag = index << _ROUND_BITS | k
-                clash = any(_overlaps(step.dst, c) for c in send_chunks)
-                expect = header.with_tag(tag, step.dst.count * itemsize)
-                if step.reduce or clash:
-                    tmp = temp_region[temp_used : temp_used + step.dst.count]
-                    temp_used += step.dst.count
-                    red = _Reduction(
-                        view(step.dst), tmp, kernel if step.reduce else None, itemsize, not clash
+                pending.append(red)
+                recvs.append(
+                    InMessage(
+                        ranks[r.peer],
+                        expect,
+                        memoryview(tmp.view(np.uint8)),
+                        on_data=red.on_data if r.overlap_ok else None,
                     )
-                    pending.append(red)
-                    recvs.append(
-                        InMessage(
-                            ranks[step.peer],
-                            expect,
-                            memoryview(tmp.view(np.uint8)),
-                            on_data=red.on_data if red.overlap_ok else None,
-                        )
-                    )
-                else:
-                    recvs.append(InMessage(ranks[step.peer], expect, raw_view(step.dst)))
+                )
+            else:
+                dest = memoryview(raw[r.buf][r.lo * itemsize : r.hi * itemsize])
+                recvs.append(InMessage(ranks[r.peer], expect, dest))
         if sends or recvs:
             transport.exchange(sends, recvs, deadline, group, label)
         for red in pending:
             red.finish()
-
-
-def _temp_elems(rnd) -> int:
-    """Elements of temporary space a round needs: one per reducing or clashing receive."""
-    send_chunks = [s.src for s in rnd if isinstance(s, Send)]
-    total = 0
-    for step in rnd:
-        if isinstance(step, Recv) and (
-            step.reduce or any(_overlaps(step.dst, c) for c in send_chunks)
-        ):
-            total += step.dst.count
-    return total

@@ -24,7 +24,7 @@ from . import _tuning, schedule
 from ._dtypes import DType
 from ._engine import Engine
 from ._errors import CollectiveError, CollectiveTimeout, UsageError
-from ._executor import ScratchPool, run_schedule
+from ._executor import Plan, ScratchPool, make_plan, run_schedule
 from ._reduce_ops import ReduceOp, finish_average, kernel
 from ._work import Work
 from .transport import _wire
@@ -50,17 +50,20 @@ def _cached_schedule(
     segment: int,
     send_counts: tuple[int, ...] | None,
     recv_counts: tuple[int, ...] | None,
-) -> schedule.Schedule:
-    return schedule.build(
-        collective,
-        algorithm,
-        rank,
-        size,
-        count,
-        root=root,
-        segment=segment,
-        send_counts=send_counts,
-        recv_counts=recv_counts,
+) -> Plan:
+    """This rank's schedule, digested for the executor; built once per distinct call."""
+    return make_plan(
+        schedule.build(
+            collective,
+            algorithm,
+            rank,
+            size,
+            count,
+            root=root,
+            segment=segment,
+            send_counts=send_counts,
+            recv_counts=recv_counts,
+        )
     )
 
 
