@@ -19,10 +19,12 @@ def main() -> None:
         dist.init_process_group(init_method=f"file://{where}", rank=rank, world_size=world)
     elif method == "store":
         host, port = where.rsplit(":", 1)
-        store = dist.TCPStore(host, int(port), world, rank == 0,
-                              timeout=datetime.timedelta(seconds=30))
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=30))
+        store = dist.TCPStore(
+            host, int(port), world, rank == 0, timeout=datetime.timedelta(seconds=30)
+        )
+        dist.init_process_group(
+            "gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=30)
+        )
     else:
         raise SystemExit(f"unknown method {method}")
     x = np.full(3, rank + 1, dtype=np.int64)

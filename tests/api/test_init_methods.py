@@ -8,21 +8,29 @@ import sys
 
 import numpy as np
 import pytest
+from tests._launch import REPO, free_port
 
 import pycollective as dist
-from tests._launch import REPO, free_port
 
 WORKER = REPO / "tests" / "api" / "init_worker.py"
 
 
 def _run(method: str, world: int, where: str) -> list[str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                        "PYCOLLECTIVE_STORE_HOSTED")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYCOLLECTIVE_STORE_HOSTED")
+    }
     env["PYCOLLECTIVE_TIMEOUT"] = "30"
     procs = [
-        subprocess.Popen([sys.executable, str(WORKER), method, str(r), str(world), where],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, str(WORKER), method, str(r), str(world), where],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for r in range(world)
     ]
     outs = []
