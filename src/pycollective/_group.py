@@ -25,6 +25,7 @@ from ._dtypes import DType
 from ._engine import Engine
 from ._errors import CollectiveError, CollectiveTimeout, UsageError
 from ._executor import Plan, ScratchPool, make_plan, run_schedule
+from ._flight import FlightRecorder
 from ._reduce_ops import ReduceOp, finish_average, kernel
 from ._work import Work
 from .transport import _wire
@@ -98,8 +99,11 @@ class World:
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False
     owns_store: bool = True
+    flight: FlightRecorder | None = None  # made in __post_init__ (needs rank and size)
 
     def __post_init__(self) -> None:
+        if self.flight is None:
+            self.flight = FlightRecorder(self.rank, self.size)
         # destroy_process_group stops the engine; a collective still waiting then is cut
         # short by interrupting the transport rather than left to its timeout.
         if self.transport is not None:
@@ -242,9 +246,14 @@ class ProcessGroup:
         red_kernel = kernel(op, dtype) if op is not None else None
         label = f"{collective}#{seq}({algo}, {count} x {dtype.name})"
         world = self.world
+        flight = world.flight
+        entry = flight.record(  # type: ignore[union-attr]
+            self.group_id, self.group_name, seq, collective, count, dtype, algo, op, root
+        )
 
         def job() -> None:
             self.check_usable()
+            entry.start()
             deadline = time.monotonic() + self.timeout
             try:
                 if world.transport is not None and self._peers:
@@ -267,10 +276,17 @@ class ProcessGroup:
             except CollectiveError as exc:
                 if isinstance(exc, CollectiveTimeout) and exc.seq is None:
                     exc.seq = seq
+                entry.failed(exc)
+                first = self._failed is None
                 self.fail(exc, seq)
+                if first:  # the error path may do I/O: leave the ring where diagnose reads it
+                    path = flight.dump(f"{type(exc).__name__} in {label}")  # type: ignore[union-attr]
+                    if path and isinstance(exc, CollectiveTimeout):
+                        exc.args = (f"{exc} (flight recorder: {path})",)
                 raise
             if after is not None:
                 after()
+            entry.end()
 
         if async_op:
             return world.engine.submit(job, Work(label, result))

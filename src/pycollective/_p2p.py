@@ -105,19 +105,28 @@ def run_batch(world: World, batch: Sequence[tuple[_Op, Work]]) -> None:
         )
         + ")"
     )
-    group_id = batch[0][0].group.group_id
+    first_group = batch[0][0].group
+    group_id = first_group.group_id
+    entry = world.flight.record(  # type: ignore[union-attr]
+        group_id, first_group.group_name, -1, "p2p",
+        sum(op.buf.count for op, _ in batch), batch[0][0].buf.dtype, "p2p", detail=label,
+    )
+    entry.start()
     try:
         # An abort notice already here (e.g. a receiver that found our last message did not
         # match) fails a send-only batch too, instead of it completing into the void.
         world.transport.check_group(group_id)
         world.transport.exchange(sends, recvs, time.monotonic() + timeout, group_id, label)
     except CollectiveError as exc:
+        entry.failed(exc)
         if not isinstance(exc, UsageError):
             # As for collectives: the group is unusable and its members are told why, so
             # the sender of a mismatched message hears of it at its next operation.
             for g in {id(op.group): op.group for op, _ in batch}.values():
                 g.fail(exc)
+            world.flight.dump(f"{type(exc).__name__} in {label}")  # type: ignore[union-attr]
         raise
+    entry.end()
     for m, work in receivers:
         work.src_rank = m.source
 
@@ -243,7 +252,12 @@ def monitored_barrier(
             return OutMessage(peer, header, memoryview(token)), None
         return None, InMessage(peer, header, memoryview(np.zeros(1, np.uint8)))
 
+    entry = world.flight.record(  # type: ignore[union-attr]
+        g.group_id, g.group_name, -1, "monitored_barrier", 0, None, "p2p", root=0
+    )
+
     def job() -> None:
+        entry.start()
         transport = world.transport
         deadline = time.monotonic() + seconds
         if g.rank() == 0:
@@ -260,6 +274,8 @@ def monitored_barrier(
                     waiting_on=missing,
                 )
                 g.fail(exc)  # release the ranks that did arrive with the same news
+                entry.failed(exc)
+                world.flight.dump(str(exc))  # type: ignore[union-attr]
                 raise exc from None
             transport.exchange(
                 [message(p, True)[0] for p in others],
@@ -277,5 +293,6 @@ def monitored_barrier(
                 g.group_id,
                 "monitored_barrier",
             )
+        entry.end()
 
     world.engine.run(job)
