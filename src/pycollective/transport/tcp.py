@@ -109,6 +109,7 @@ class _Conn:
         "out_sent",
         "writing",
         "lost",
+        "last",
     )
 
     def __init__(self, peer: int, sock: socket.socket) -> None:
@@ -126,6 +127,7 @@ class _Conn:
         self.out_sent = 0  # bytes of header+payload of outq[0] already sent
         self.writing = False
         self.lost: str | None = None
+        self.last: Header | None = None  # the last frame header read: what the peer was doing
 
 
 class TCPTransport(Transport):
@@ -158,6 +160,7 @@ class TCPTransport(Transport):
         self._previous: dict[int, Header] = {}  # the one before, to describe a stale frame
         self._active: int | None = None
         self._probes: dict[tuple[int, int], Header] = {}  # (group, peer) -> its PROBE
+        self._probed: dict[int, tuple[int, int]] = {}  # peer -> (group, seq) we last probed
         self._interrupted: str | None = None
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -453,11 +456,14 @@ class TCPTransport(Transport):
             conn = self._conns.get(m.peer)
             if conn is None or conn.lost is not None:
                 continue
-            e = m.expect
-            header = Header(
-                _wire.PROBE, e.kind, e.dtype, e.op, e.algo, e.group, e.seq, 0, e.root, e.count, 0
-            )
-            self._enqueue(OutMessage(m.peer, header, memoryview(b"")))
+            self._send_probe(m.peer, m.expect)
+
+    def _send_probe(self, peer: int, e: Header) -> None:
+        self._probed[peer] = (e.group, e.seq)
+        header = Header(
+            _wire.PROBE, e.kind, e.dtype, e.op, e.algo, e.group, e.seq, 0, e.root, e.count, 0
+        )
+        self._enqueue(OutMessage(peer, header, memoryview(b"")))
 
     def _on_probe(self, peer: int, got: Header) -> None:
         current = self._current.get(got.group)
@@ -465,6 +471,10 @@ class TCPTransport(Transport):
             diffs = _wire.meta_differences(got, current)
             if diffs:
                 self._mismatch(peer, got, current, diffs)
+            if self._probed.get(peer) != (got.group, got.seq):
+                # Answer once: then a peer that times out waiting on us can say we were
+                # in the same call, waiting in turn (on someone else), not absent.
+                self._send_probe(peer, current)
         elif current is None or got.seq >= current.seq:
             # checked when this group next runs (_begin); raising now would blame
             # whatever other group's exchange happens to be in progress
@@ -494,11 +504,30 @@ class TCPTransport(Transport):
         waiting = sorted(
             {m.peer for m in recvs if not m.done} | {m.peer for m in sends if not m.done}
         )
+        doing = "; ".join(self._last_doing(p) for p in waiting if p != ANY_SOURCE)
         return CollectiveTimeout(
-            f"rank {self.rank}: {label or 'operation'} timed out waiting for rank(s) {waiting}",
+            f"rank {self.rank}: {label or 'operation'} timed out waiting for rank(s) {waiting}"
+            + (f" ({doing})" if doing else ""),
             op=label or None,
             waiting_on=waiting,
         )
+
+    def _last_doing(self, peer: int) -> str:
+        """What `peer` was last seen doing, from the last frame it sent us (a PROBE says it
+        waits in that collective; data says it got at least that far)."""
+        conn = self._conns.get(peer)
+        if conn is None:
+            return f"rank {peer}: unknown"
+        if conn.lost is not None:
+            return f"rank {peer}: connection lost ({conn.lost})"
+        h = conn.last
+        if h is None:
+            return f"rank {peer}: has sent nothing since the job started"
+        if h.frame == _wire.PROBE:
+            return f"rank {peer}: was waiting in {h.describe()}"
+        if h.frame == _wire.ABORT:
+            return f"rank {peer}: reported a failure in call #{h.seq}"
+        return f"rank {peer}: last sent data of {h.describe()}"
 
     def _raise_if_lost(self, peer: int) -> None:
         if peer == ANY_SOURCE:
@@ -529,8 +558,10 @@ class TCPTransport(Transport):
                 {m.peer for m in recvs if not m.done} | {m.peer for m in sends if not m.done}
             )
             if waiting:
+                doing = "; ".join(self._last_doing(p) for p in waiting if p != ANY_SOURCE)
                 error = CollectiveTimeout(
-                    f"{error}; rank {self.rank} was waiting for rank(s) {waiting}",
+                    f"{error}; rank {self.rank} was waiting for rank(s) {waiting}"
+                    + (f" ({doing})" if doing else ""),
                     waiting_on=waiting,
                 )
         raise error
@@ -635,7 +666,7 @@ class TCPTransport(Transport):
                 f"rank {conn.peer} announced a {header.nbytes}-byte frame, over the limit",
                 conn.peer,
             )
-        conn.cur = header
+        conn.cur = conn.last = header
         conn.got = 0
         mismatch: MismatchError | None = None
         try:
