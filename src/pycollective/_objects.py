@@ -1,30 +1,45 @@
 """Collectives of picklable Python objects, built on the tensor collectives.
 
-Objects are pickled to bytes, sizes are exchanged first, and payloads are padded to the
-largest so the byte collectives stay uniform. Only authenticated peers can send these
-bytes (every connection passed the shared-secret handshake), but unpickling still runs
-their code: use object collectives only within a job you trust.
+Objects are serialized to bytes (pickle, or the pickle-free format of _serialize.py when
+PYCOLLECTIVE_OBJECT_SERIALIZER=safe), sizes are exchanged first, and payloads are padded
+to the largest so the byte collectives stay uniform. Only authenticated peers can send
+these bytes (every connection passed the shared-secret handshake), but unpickling still
+runs their code: with pickle, use object collectives only within a job you trust.
 """
 
 from __future__ import annotations
 
-import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from . import _api, _state
-from ._errors import UsageError
+from . import _api, _serialize, _state
+from ._errors import CollectiveError, UsageError
 from ._group import ProcessGroup
 
 
 def _dumps(obj: Any) -> np.ndarray:
-    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+    return np.frombuffer(_serialize.dumps(obj), dtype=np.uint8)
 
 
-def _loads(data: np.ndarray) -> Any:
-    return pickle.loads(data.tobytes())
+def _loads(data: np.ndarray, sender: int | None = None) -> Any:
+    return _serialize.loads(data.tobytes(), sender)
+
+
+def _encode(g: ProcessGroup, fn: Callable[[], Any]) -> Any:
+    """Serialize on this rank; if that fails, tell the group before raising, so ranks
+    already waiting for our bytes fail at once instead of at their timeout."""
+    try:
+        return fn()
+    except Exception as exc:
+        g.fail(
+            CollectiveError(f"rank {g.world.rank} could not serialize its object: {exc}"),
+            g._seq,
+        )
+        if isinstance(exc, CollectiveError):
+            raise
+        raise UsageError(f"cannot serialize the object: {exc}") from exc
 
 
 def _root(g: ProcessGroup, rank: int | None, group_rank: int | None, what: str) -> int:
@@ -48,7 +63,7 @@ def broadcast_object_list(
     sizes = np.zeros(len(object_list), dtype=np.int64)
     payloads: list[np.ndarray] = []
     if g.rank() == root:
-        payloads = [_dumps(o) for o in object_list]
+        payloads = _encode(g, lambda: [_dumps(o) for o in object_list])
         sizes[:] = [p.size for p in payloads]
     _api.broadcast(sizes, group=g, group_src=root)
     data = np.concatenate(payloads) if payloads else np.empty(int(sizes.sum()), dtype=np.uint8)
@@ -56,7 +71,7 @@ def broadcast_object_list(
     if g.rank() != root:
         offset = 0
         for i, n in enumerate(sizes):
-            object_list[i] = _loads(data[offset : offset + n])
+            object_list[i] = _loads(data[offset : offset + n], g.ranks[root])
             offset += int(n)
 
 
@@ -79,13 +94,13 @@ def all_gather_object(object_list: list[Any], obj: Any, group: ProcessGroup | No
         return
     if not isinstance(object_list, list) or len(object_list) != g.size():
         raise UsageError(f"all_gather_object needs a list of {g.size()} slots")
-    payload = _dumps(obj)
+    payload = _encode(g, lambda: _dumps(obj))
     sizes = _gather_sizes(g, payload.size)
     width = int(sizes.max())
     out = np.empty(width * g.size(), dtype=np.uint8)
     _api.all_gather_into_tensor(out, _padded(payload, width), group=g)
     for i, n in enumerate(sizes):
-        object_list[i] = _loads(out[i * width : i * width + n])
+        object_list[i] = _loads(out[i * width : i * width + n], g.ranks[i])
 
 
 def gather_object(
@@ -104,14 +119,14 @@ def gather_object(
         not isinstance(object_gather_list, list) or len(object_gather_list) != g.size()
     ):
         raise UsageError(f"gather_object needs object_gather_list of {g.size()} slots on dst")
-    payload = _dumps(obj)
+    payload = _encode(g, lambda: _dumps(obj))
     sizes = _gather_sizes(g, payload.size)
     width = int(sizes.max())
     slots = [np.empty(width, dtype=np.uint8) for _ in range(g.size())] if g.rank() == root else None
     _api.gather(_padded(payload, width), slots, group=g, group_dst=root)
     if slots is not None and object_gather_list is not None:
         for i, n in enumerate(sizes):
-            object_gather_list[i] = _loads(slots[i][:n])
+            object_gather_list[i] = _loads(slots[i][:n], g.ranks[i])
 
 
 def scatter_object_list(
@@ -133,7 +148,8 @@ def scatter_object_list(
     if g.rank() == root:
         if scatter_object_input_list is None or len(scatter_object_input_list) != g.size():
             raise UsageError(f"scatter_object_input_list needs {g.size()} objects on src")
-        payloads = [_dumps(o) for o in scatter_object_input_list]
+        items = scatter_object_input_list
+        payloads = _encode(g, lambda: [_dumps(o) for o in items])
         width[0] = max(p.size for p in payloads) + 8
         pieces = []
         for p in payloads:
@@ -145,4 +161,6 @@ def scatter_object_list(
     mine = np.empty(int(width[0]), dtype=np.uint8)
     _api.scatter(mine, pieces, group=g, group_src=root)
     n = int(mine[:8].view(np.int64)[0])
-    scatter_object_output_list[0] = _loads(mine[8 : 8 + n])
+    if not 0 <= n <= mine.size - 8:
+        raise CollectiveError(f"rank {g.ranks[root]} sent a malformed object frame")
+    scatter_object_output_list[0] = _loads(mine[8 : 8 + n], g.ranks[root])

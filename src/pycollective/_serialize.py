@@ -1,0 +1,293 @@
+"""How object collectives turn Python objects into bytes: pickle, or a pickle-free format.
+
+Pickle (torch's choice, the default) can carry any object, but unpickling runs code the
+sender chose. Peers are authenticated, so only ranks of the job can send those bytes; a
+job that does not want to trust even them sets
+
+    PYCOLLECTIVE_OBJECT_SERIALIZER=safe      (or calls pycollective._serialize.use("safe"))
+
+and then only a fixed set of plain types travels, and a rank in safe mode refuses pickled
+payloads outright. The safe format:
+
+    b"PCS1" value
+    value = tag:1 byte, then per tag:
+      N T F                      None, True, False
+      i  len:u32 bytes           int, two's complement, little-endian
+      f  8 bytes / c  16 bytes   float / complex
+      s / b / B  len:u32 bytes   str (UTF-8) / bytes / bytearray
+      l / t / S / z  n:u32 n*value       list / tuple / set / frozenset
+      d  n:u32 n*(value value)   dict
+      a  dtype value(str) ndim:u8 shape:ndim*u64 data   numpy array (plain dtypes only)
+      g  dtype value(str) data   numpy scalar
+      x  like a                  torch tensor (CPU), rebuilt with torch if it is importable
+
+Decoding checks every length against what is left of the payload and bounds the nesting,
+so a malformed payload is an error, never a huge allocation or a crash.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+from typing import Any
+
+import numpy as np
+
+from ._errors import CollectiveError, MismatchError, UsageError
+
+MAGIC = b"PCS1"
+MAX_DEPTH = 100
+MAX_INT_BYTES = 1 << 16
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_F64 = struct.Struct("<d")
+_C128 = struct.Struct("<dd")
+_PLAIN_KINDS = frozenset("biufc")  # no object, void/structured or datetime dtypes
+NAMES = ("pickle", "safe")
+
+_chosen: str | None = None
+
+
+def use(name: str | None) -> None:
+    """Choose the serializer for this process ("pickle" or "safe"); None: the environment's."""
+    global _chosen
+    if name is not None and name not in NAMES:
+        raise UsageError(f"object serializer must be one of {NAMES}, got {name!r}")
+    _chosen = name
+
+
+def chosen() -> str:
+    name = _chosen or os.environ.get("PYCOLLECTIVE_OBJECT_SERIALIZER", "").strip() or "pickle"
+    if name not in NAMES:
+        raise UsageError(
+            f"PYCOLLECTIVE_OBJECT_SERIALIZER must be one of {NAMES}, got {name!r}"
+        )
+    return name
+
+
+# ---------------------------------------------------------------------- encoding
+
+
+def dumps(obj: Any) -> bytes:
+    """`obj` as bytes, with the chosen serializer."""
+    if chosen() == "pickle":
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    out = bytearray(MAGIC)
+    _encode(obj, out, 0)
+    return bytes(out)
+
+
+def _dtype_name(dt: np.dtype) -> str:
+    if dt.kind not in _PLAIN_KINDS:
+        raise UsageError(
+            f"the pickle-free object serializer carries numpy arrays of plain dtypes only, "
+            f"not {dt}"
+        )
+    return dt.str
+
+
+def _encode(obj: Any, out: bytearray, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise UsageError(f"object nests deeper than {MAX_DEPTH} levels")
+    t = type(obj)
+    if obj is None:
+        out += b"N"
+    elif t is bool:
+        out += b"T" if obj else b"F"
+    elif t is int:
+        n = (obj.bit_length() + 8) // 8  # room for the sign bit
+        if n > MAX_INT_BYTES:
+            raise UsageError("int too large for the pickle-free serializer")
+        out += b"i" + _U32.pack(n) + obj.to_bytes(n, "little", signed=True)
+    elif t is float:
+        out += b"f" + _F64.pack(obj)
+    elif t is complex:
+        out += b"c" + _C128.pack(obj.real, obj.imag)
+    elif t is str:
+        raw = obj.encode("utf-8", "surrogatepass")
+        out += b"s" + _U32.pack(len(raw)) + raw
+    elif t is bytes or t is bytearray:
+        out += (b"b" if t is bytes else b"B") + _U32.pack(len(obj)) + obj
+    elif t in (list, tuple, set, frozenset):
+        tag = {list: b"l", tuple: b"t", set: b"S", frozenset: b"z"}[t]
+        out += tag + _U32.pack(len(obj))
+        for item in obj:
+            _encode(item, out, depth + 1)
+    elif t is dict:
+        out += b"d" + _U32.pack(len(obj))
+        for k, v in obj.items():
+            _encode(k, out, depth + 1)
+            _encode(v, out, depth + 1)
+    elif isinstance(obj, np.ndarray):
+        _encode_array(b"a", obj, out)
+    elif isinstance(obj, np.generic):
+        name = _dtype_name(obj.dtype)
+        out += b"g"
+        _encode(name, out, depth + 1)
+        out += obj.tobytes()
+    elif _is_torch_tensor(obj):
+        _encode_array(b"x", obj.detach().cpu().numpy(), out)
+    else:
+        raise UsageError(
+            f"the pickle-free object serializer cannot carry {t.__name__} objects "
+            "(None, bool, int, float, complex, str, bytes, list, tuple, dict, set, numpy "
+            "arrays and CPU tensors only); set PYCOLLECTIVE_OBJECT_SERIALIZER=pickle to "
+            "send anything picklable"
+        )
+
+
+def _encode_array(tag: bytes, arr: np.ndarray, out: bytearray) -> None:
+    name = _dtype_name(arr.dtype)
+    if arr.ndim > 32:
+        raise UsageError("arrays of more than 32 dimensions are not supported")
+    out += tag
+    _encode(name, out, 0)
+    out += bytes([arr.ndim])
+    for d in arr.shape:
+        out += _U64.pack(d)
+    out += np.ascontiguousarray(arr).tobytes()
+
+
+def _is_torch_tensor(obj: Any) -> bool:
+    return type(obj).__module__.startswith("torch") and hasattr(obj, "numpy")
+
+
+# ---------------------------------------------------------------------- decoding
+
+
+class _Reader:
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def take(self, n: int) -> bytes:
+        end = self.pos + n
+        if n < 0 or end > len(self.data):
+            raise CollectiveError(
+                f"malformed object payload: {n} bytes wanted at offset {self.pos}, "
+                f"{len(self.data) - self.pos} left"
+            )
+        chunk = self.data[self.pos : end]
+        self.pos = end
+        return chunk
+
+    def u32(self) -> int:
+        return _U32.unpack(self.take(4))[0]
+
+    def count(self, min_item_bytes: int = 1) -> int:
+        """A count of items, each at least `min_item_bytes` long: bounded by what is left."""
+        n = self.u32()
+        if n * min_item_bytes > len(self.data) - self.pos:
+            raise CollectiveError(f"malformed object payload: {n} items cannot fit")
+        return n
+
+
+def loads(data: bytes, sender: int | None = None) -> Any:
+    """Bytes from a peer back into an object. Pickled bytes are refused in safe mode."""
+    if data[: len(MAGIC)] == MAGIC:
+        r = _Reader(bytes(data))
+        r.take(len(MAGIC))
+        obj = _decode(r, 0)
+        if r.pos != len(r.data):
+            raise CollectiveError("malformed object payload: trailing bytes")
+        return obj
+    if chosen() == "safe":
+        who = f"rank {sender}" if sender is not None else "a peer"
+        raise MismatchError(
+            f"{who} sent a pickled object, but this rank accepts only the pickle-free "
+            "serializer (PYCOLLECTIVE_OBJECT_SERIALIZER=safe here; set it on every rank)"
+        )
+    return pickle.loads(data)  # noqa: S301 - authenticated peers only; see the module doc
+
+
+def _decode(r: _Reader, depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        raise CollectiveError(f"malformed object payload: nested deeper than {MAX_DEPTH}")
+    tag = r.take(1)
+    if tag == b"N":
+        return None
+    if tag == b"T":
+        return True
+    if tag == b"F":
+        return False
+    if tag == b"i":
+        n = r.u32()
+        if n > MAX_INT_BYTES:
+            raise CollectiveError("malformed object payload: int too long")
+        return int.from_bytes(r.take(n), "little", signed=True)
+    if tag == b"f":
+        return _F64.unpack(r.take(8))[0]
+    if tag == b"c":
+        re, im = _C128.unpack(r.take(16))
+        return complex(re, im)
+    if tag in (b"s", b"b", b"B"):
+        raw = r.take(r.u32())
+        if tag == b"s":
+            try:
+                return raw.decode("utf-8", "surrogatepass")
+            except UnicodeDecodeError:
+                raise CollectiveError("malformed object payload: bad UTF-8") from None
+        return raw if tag == b"b" else bytearray(raw)
+    if tag in (b"l", b"t", b"S", b"z"):
+        items = [_decode(r, depth + 1) for _ in range(r.count())]
+        try:
+            return {b"l": list, b"t": tuple, b"S": set, b"z": frozenset}[tag](items)
+        except TypeError:
+            raise CollectiveError("malformed object payload: unhashable set item") from None
+    if tag == b"d":
+        n = r.count(2)
+        out = {}
+        for _ in range(n):
+            k = _decode(r, depth + 1)
+            try:
+                out[k] = _decode(r, depth + 1)
+            except TypeError:
+                raise CollectiveError("malformed object payload: unhashable key") from None
+        return out
+    if tag in (b"a", b"x"):
+        return _decode_array(r, tag == b"x")
+    if tag == b"g":
+        dt = _decode_dtype(r)
+        return np.frombuffer(r.take(dt.itemsize), dtype=dt)[0]
+    raise CollectiveError(f"malformed object payload: unknown tag {tag!r}")
+
+
+def _decode_dtype(r: _Reader) -> np.dtype:
+    if r.take(1) != b"s":
+        raise CollectiveError("malformed object payload: dtype name expected")
+    name = r.take(r.u32())
+    try:
+        dt = np.dtype(name.decode("ascii"))
+    except (TypeError, ValueError, UnicodeDecodeError):
+        raise CollectiveError(f"malformed object payload: bad dtype {name[:40]!r}") from None
+    if dt.kind not in _PLAIN_KINDS:
+        raise CollectiveError(f"malformed object payload: dtype {dt} is not allowed")
+    return dt
+
+
+def _decode_array(r: _Reader, as_torch: bool) -> Any:
+    dt = _decode_dtype(r)
+    ndim = r.take(1)[0]
+    if ndim > 32:
+        raise CollectiveError("malformed object payload: too many dimensions")
+    shape = tuple(_U64.unpack(r.take(8))[0] for _ in range(ndim))
+    n = 1
+    for d in shape:
+        n *= d
+    nbytes = n * dt.itemsize
+    if nbytes > len(r.data) - r.pos:  # judged before anything is allocated
+        raise CollectiveError("malformed object payload: array larger than the payload")
+    arr = np.frombuffer(r.take(nbytes), dtype=dt).reshape(shape).copy()
+    if as_torch:
+        try:
+            import torch
+        except ImportError:
+            return arr
+        return torch.from_numpy(arr)
+    return arr
+
+
+__all__ = ["NAMES", "chosen", "dumps", "loads", "use"]
