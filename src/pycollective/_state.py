@@ -234,43 +234,28 @@ def init_process_group(
         if not 0 <= rank < world_size:
             raise UsageError(f"rank {rank} is out of range for world size {world_size} (set RANK)")
         _generation += 1
-        transport = None
         the_store = None
-        secret = secret_from_env()
         if world_size > 1:
             the_store = (
                 store
                 if store is not None
                 else _make_store(
-                    init_method, env, rank, world_size, secret, seconds, env.multi_node
+                    init_method, env, rank, world_size, secret_from_env(), seconds,
+                    env.multi_node,
                 )
             )
             if store is not None and not hasattr(store, "close"):
                 the_store = _TorchStoreAdapter(store)
-            master = env.master_addr or "127.0.0.1"
-            bind, advertise = _netutil.listen_address(master, env.multi_node)
-            _warn_if_open(bind, secret)
-            from .transport.tcp import connect_mesh
-
-            try:
-                transport = connect_mesh(
-                    rank,
-                    world_size,
-                    the_store,
-                    f"pycollective/{_generation}",
-                    secret,
-                    bind,
-                    advertise,
-                    seconds,
-                )
-            except BaseException:
-                _close_store(the_store)
-                raise
-        world = World(rank, world_size, transport, the_store, seconds)
+        try:
+            world = connect_world(
+                rank, world_size, the_store, seconds, f"pycollective/{_generation}",
+                master_addr=env.master_addr, multi_node=env.multi_node,
+            )
+        except BaseException:
+            _close_store(the_store)
+            raise
         world.owns_store = store is None  # a store the caller passed stays theirs to close
-        world.engine.set_p2p_runner(_p2p_runner(world))
         ranks = tuple(range(world_size))
-        world.group_counts[ranks] = 1
         _world = world
         _default = ProcessGroup(world, ranks, group_id_for(ranks, 0), group_name or "default")
     if world_size > 1:
@@ -282,6 +267,49 @@ def init_process_group(
         except BaseException:
             destroy_process_group()
             raise
+
+
+def connect_world(
+    rank: int,
+    size: int,
+    store: Any,
+    timeout: float,
+    prefix: str,
+    *,
+    master_addr: str | None = None,
+    multi_node: bool = False,
+) -> World:
+    """Connect this rank to every other rank of a job and return the World, without
+    touching the default group: the torch backend and the parameter server build their own.
+
+    `store` has set(key, bytes) and get(key, timeout=None) (ours, or a torch store wrapped
+    in _TorchStoreAdapter); addresses go under `prefix`, which must be unique per world
+    sharing that store. Every rank calls this with the same size and prefix.
+    """
+    transport = None
+    if size > 1:
+        secret = secret_from_env()
+        bind, advertise = _netutil.listen_address(master_addr or "127.0.0.1", multi_node)
+        _warn_if_open(bind, secret)
+        from .transport.tcp import connect_mesh
+
+        transport = connect_mesh(rank, size, store, prefix, secret, bind, advertise, timeout)
+    world = World(rank, size, transport, store, timeout)
+    world.engine.set_p2p_runner(_p2p_runner(world))
+    world.group_counts[tuple(range(size))] = 1
+    return world
+
+
+def close_world(world: World) -> None:
+    """Stop a world's engine and close its connections (not its store). Never hangs."""
+    try:
+        world.engine.flush_p2p()
+        world.engine.stop(timeout=5.0)
+    finally:
+        world.closed = True
+        if world.transport is not None:
+            world.transport.close()
+        world.pool.release()
 
 
 def _p2p_runner(world: World):
@@ -297,7 +325,7 @@ def _warn_if_open(bind: str, secret: bytes) -> None:
         warnings.warn(
             "pycollective listens beyond loopback without a shared secret: peers are not "
             "authenticated. Set PYCOLLECTIVE_SECRET (or start with `pycollective run`).",
-            stacklevel=3,
+            stacklevel=4,
         )
 
 
@@ -326,13 +354,8 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
             return
         _world = _default = None
     try:
-        world.engine.flush_p2p()
-        world.engine.stop(timeout=5.0)
+        close_world(world)
     finally:
-        world.closed = True
-        if world.transport is not None:
-            world.transport.close()
-        world.pool.release()
         _close_store(world.store if world.owns_store else None)
 
 
@@ -353,7 +376,7 @@ def resolve_group(group: ProcessGroup | None) -> ProcessGroup:
         return _default
     if not isinstance(group, ProcessGroup):
         raise UsageError(f"group must be a ProcessGroup made by new_group(), got {group!r}")
-    if group.world is not _world:
+    if group.world.closed:
         raise UsageError("this group belongs to a process group that was destroyed")
     return group
 
