@@ -111,10 +111,75 @@ def mismatch(variant: str) -> None:
             call = lambda: dist.recv(np.zeros(n, dt), src=0)  # noqa: E731
         else:
             call = lambda: None  # noqa: E731
+    elif variant in MORE_MISMATCHES:
+        call = MORE_MISMATCHES[variant](first)
     else:
         raise SystemExit(f"unknown variant {variant}")
     attempt("mismatch", call)
     attempt("after", _ar())
+
+
+def _z(n, dt=np.float32):
+    return np.zeros(n, dt)
+
+
+def _async_ar(n):
+    return lambda: dist.all_reduce(np.ones(n, np.float32), async_op=True).wait()
+
+
+def _sub_ar(n):
+    def run():
+        g = dist.new_group(list(range(P)))
+        dist.all_reduce(np.ones(n, np.float32), group=g)
+    return run
+
+
+def _obj_bcast(src):
+    return lambda: dist.broadcast_object_list([{"from": RANK}], src=src)
+
+
+# More kinds of mismatched calls: variant -> (is rank 0) -> the call this rank makes.
+MORE_MISMATCHES = {
+    "gather-kind": lambda f: (
+        (lambda: dist.all_gather_into_tensor(_z(8 * P), np.ones(8, np.float32))) if f else _ar()
+    ),
+    "barrier-kind": lambda f: dist.barrier if f else _ar(),
+    "reduce-kind": lambda f: (lambda: dist.reduce(np.ones(8, np.float32), dst=0)) if f else _ar(),
+    "reduce-op": lambda f: lambda: dist.reduce(
+        np.ones(8, np.float32), dst=0, op=ReduceOp.SUM if f else ReduceOp.MIN
+    ),
+    "reduce-dst": lambda f: lambda: dist.reduce(np.ones(8, np.float32), dst=0 if f else 1),
+    "gather-dst": lambda f: lambda: dist.gather(
+        np.ones(4, np.float32), [_z(4) for _ in range(P)] if RANK == (0 if f else 1) else None,
+        dst=0 if f else 1,
+    ),
+    "scatter-src": lambda f: lambda: dist.scatter(
+        _z(4), [np.ones(4, np.float32) for _ in range(P)] if RANK == (0 if f else 1) else None,
+        src=0 if f else 1,
+    ),
+    "gather-vs-scatter": lambda f: (
+        (lambda: dist.gather(np.ones(4, np.float32), [_z(4) for _ in range(P)], dst=0)) if f
+        else (lambda: dist.scatter(_z(4), None, src=0))
+    ),
+    "rs-count": lambda f: lambda: dist.reduce_scatter_tensor(
+        _z(4 if f else 5), np.ones((4 if f else 5) * P, np.float32)
+    ),
+    "rs-op": lambda f: lambda: dist.reduce_scatter_tensor(
+        _z(4), np.ones(4 * P, np.float32), op=ReduceOp.SUM if f else ReduceOp.PRODUCT
+    ),
+    "a2a-count": lambda f: lambda: dist.all_to_all_single(
+        _z((4 if f else 6) * P), np.ones((4 if f else 6) * P, np.float32)
+    ),
+    "bcast-dtype": lambda f: lambda: dist.broadcast(np.ones(8, np.int32 if f else np.float32), 0),
+    "bcast-count": lambda f: _bc(0, n=8 if f else 9),
+    "ag-dtype": lambda f: lambda: dist.all_gather_into_tensor(
+        _z(8 * P, np.int64 if f else np.float64), np.ones(8, np.int64 if f else np.float64)
+    ),
+    "avg-sum": lambda f: _ar(op=ReduceOp.AVG if f else ReduceOp.SUM),
+    "subgroup-count": lambda f: _sub_ar(8 if f else 16),
+    "async-count": lambda f: _async_ar(8 if f else 16),
+    "object-src": lambda f: _obj_bcast(0 if f else 1),
+}
 
 
 # ---------------------------------------------------------------------- a rank dies

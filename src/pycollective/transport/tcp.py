@@ -749,9 +749,15 @@ class TCPTransport(Transport):
         self._mismatch(peer, got, current, ["sequence number"])
 
     def _mismatch(self, peer: int, got: Header, want: Header, diffs: list[str]) -> None:
+        # all_to_all's header carries no count (splits may differ by rank): say the sizes
+        sizes = (
+            f" ({got.nbytes} bytes arrived where {want.nbytes} were expected)"
+            if "bytes" in diffs and got.frame == _wire.DATA
+            else ""
+        )
         raise MismatchError(
             f"collective mismatch ({', '.join(diffs)} differ): rank {self.rank} called "
-            f"{want.describe()} but rank {peer} called {got.describe()}"
+            f"{want.describe()} but rank {peer} called {got.describe()}{sizes}"
         )
 
     def _on_payload(self, conn: _Conn) -> None:
