@@ -149,10 +149,15 @@ def analyze_job(dumps: list[dict[str, Any]]) -> list[Finding]:
                     {"group": gid, "behind": r, "at_seq": e["seq"], "lead_seq": front},
                 ))  # fmt: skip
         if silent:
+            lost = (lead_e.get("error") or "").startswith("TransportError")
+            what = (
+                f"were lost while rank(s) {lead} were in {_describe(lead_e)}"
+                if lost
+                else f"never reached {_describe(lead_e)}: rank(s) {lead} waited on them there"
+            )
             findings.append(Finding(
-                f"group {gname}: rank(s) {silent} never reached {_describe(lead_e)}: "
-                f"rank(s) {lead} waited on them there ({_state(lead_e)})",
-                {"group": gid, "behind": silent, "at_seq": front},
+                f"group {gname}: rank(s) {silent} {what} ({_state(lead_e)})",
+                {"group": gid, "behind": silent, "at_seq": front, "lost": lost},
             ))  # fmt: skip
         if not behind and not silent:
             states = {r: e["state"] for r, e in last.items()}

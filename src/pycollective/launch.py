@@ -26,9 +26,11 @@ import ctypes
 import logging
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -200,14 +202,48 @@ def launch(
     if node_rank == 0:
         server = TCPStoreServer(bind, master_port, secret).start()
         master_port = server.port
+    # Flight-recorder dumps of this job go to a directory of its own (unless the user
+    # chose one), so that a failure can be diagnosed from exactly this job's files.
+    flight_dir = None
+    if not base_env.get("PYCOLLECTIVE_FLIGHT_DIR"):
+        flight_dir = tempfile.mkdtemp(prefix="pycollective-flight-")
+        secret_vars["PYCOLLECTIVE_FLIGHT_DIR"] = flight_dir
+    secret_vars.setdefault("PYCOLLECTIVE_JOB_ID", f"{os.getpid()}-{secrets.token_hex(4)}")
     try:
-        return _run(
+        status = _run(
             nprocs, command, nnodes, node_rank, master_addr, master_port,
             prefix, grace, base_env, secret_vars, out, err,
         )  # fmt: skip
     finally:
         if server is not None:
             server.close()
+    _report_flight(flight_dir or base_env["PYCOLLECTIVE_FLIGHT_DIR"], status, err,
+                   remove_if_empty=flight_dir is not None)
+    return status
+
+
+def _report_flight(directory: str, status: int, err: _Output, remove_if_empty: bool) -> None:
+    """After a failed job, say what the flight-recorder dumps show; leave no empty dir."""
+    try:
+        names = [n for n in os.listdir(directory) if n.endswith(".json")]
+    except OSError:
+        return
+    if not names:
+        if remove_if_empty:
+            shutil.rmtree(directory, ignore_errors=True)
+        return
+    if status == 0:
+        return
+    from . import diagnose
+
+    lines = [f"pycollective run: flight recorder dumps in {directory} "
+             f"(pycollective diagnose {directory}):"]
+    try:
+        for findings in diagnose.analyze(diagnose.load([directory])).values():
+            lines.extend(f"    {f.text}" for f in findings)
+    except (KeyError, TypeError, ValueError) as exc:  # a damaged dump must not hide the rest
+        lines.append(f"    (could not analyze the dumps: {exc})")
+    err.write(b"", "\n".join(lines).encode())
 
 
 def _run(
@@ -294,23 +330,29 @@ def _supervise(ranks: list[_Rank], grace: float, received: list[int], err: _Outp
     handled = 0
     while True:
         running = []
+        failed_now = []
         for r in ranks:
             if r.returncode is None:
                 r.returncode = r.proc.poll()
                 if r.returncode is None:
                     running.append(r)
-                elif r.returncode != 0 and first is None and launcher_signal is None:
-                    first = r
-                    others = [o for o in ranks if o is not r and o.proc.poll() is None]
-                    if others:
-                        err.write(
-                            b"",
-                            f"pycollective run: rank {r.rank} {describe_exit(r.returncode)}; "
-                            f"stopping the other ranks (grace {grace:g} s)".encode(),
-                        )
-                    for other in others:
-                        _killpg(other.proc.pid, signal.SIGTERM)
-                    kill_at = time.monotonic() + grace
+                elif r.returncode != 0:
+                    failed_now.append(r)
+        if failed_now and first is None and launcher_signal is None:
+            # Several found dead in one look: a rank killed by a signal is likelier the
+            # cause than one that exited with an error (often the others' reaction to it).
+            first = min(failed_now, key=lambda x: ((x.returncode or 0) >= 0, x.rank))
+            others = [o for o in ranks if o is not first and o.proc.poll() is None]
+            if others:
+                err.write(
+                    b"",
+                    f"pycollective run: rank {first.rank} "
+                    f"{describe_exit(first.returncode or 0)}; "
+                    f"stopping the other ranks (grace {grace:g} s)".encode(),
+                )
+            for other in others:
+                _killpg(other.proc.pid, signal.SIGTERM)
+            kill_at = time.monotonic() + grace
         while handled < len(received):
             sig = received[handled]
             handled += 1

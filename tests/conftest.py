@@ -1,0 +1,21 @@
+"""Session-wide test settings."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _flight_dumps_in_a_temporary_dir(tmp_path_factory):
+    """Ranks started by tests dump their flight recorders (on every injected fault) under
+    pytest's temporary directory instead of the shared default in /tmp."""
+    if os.environ.get("PYCOLLECTIVE_FLIGHT_DIR"):
+        yield
+        return
+    os.environ["PYCOLLECTIVE_FLIGHT_DIR"] = str(tmp_path_factory.mktemp("flight"))
+    try:
+        yield
+    finally:
+        os.environ.pop("PYCOLLECTIVE_FLIGHT_DIR", None)
