@@ -156,8 +156,13 @@ def launch(
     env: Mapping[str, str] | None = None,
     stdout: BinaryIO | None = None,
     stderr: BinaryIO | None = None,
+    servers: int = 0,
 ) -> int:
     """Run `cmd` as `nprocs` ranks on this node (node `node_rank` of `nnodes`).
+
+    With `servers` > 0 (single node), `servers` more ranks run the same command after the
+    workers, as parameter servers: every rank gets PYCOLLECTIVE_NUM_SERVERS and
+    PYCOLLECTIVE_ROLE (worker or server); see pycollective.ps.
 
     Returns 0 if every rank exited 0; otherwise the first failing rank's exit status
     (128 + N if it died of signal N), or 128 + N if the launcher itself got signal N.
@@ -167,6 +172,8 @@ def launch(
     """
     if nprocs < 1:
         raise UsageError(f"nprocs must be >= 1, got {nprocs}")
+    if servers < 0 or (servers and nnodes > 1):
+        raise UsageError(f"--servers must be >= 0 and needs a single node, got {servers}")
     if nnodes < 1 or not 0 <= node_rank < nnodes:
         raise UsageError(f"node rank {node_rank} is not in 0..{nnodes - 1}")
     if grace < 0:
@@ -212,7 +219,7 @@ def launch(
     try:
         status = _run(
             nprocs, command, nnodes, node_rank, master_addr, master_port,
-            prefix, grace, base_env, secret_vars, out, err,
+            prefix, grace, base_env, secret_vars, out, err, servers,
         )  # fmt: skip
     finally:
         if server is not None:
@@ -259,6 +266,7 @@ def _run(
     secret_vars: dict[str, str],
     out: _Output,
     err: _Output,
+    servers: int = 0,
 ) -> int:
     received: list[int] = []
     in_main = threading.current_thread() is threading.main_thread()
@@ -270,15 +278,20 @@ def _run(
     ranks: list[_Rank] = []
     preexec = _parent_death_signal()
     try:
-        for local_rank in range(nprocs):
+        for local_rank in range(nprocs + servers):
             rank = node_rank * nprocs + local_rank
             child_env = dict(base_env)
             child_env.update(secret_vars)
+            if servers:
+                child_env.update(
+                    PYCOLLECTIVE_NUM_SERVERS=str(servers),
+                    PYCOLLECTIVE_ROLE="server" if local_rank >= nprocs else "worker",
+                )
             child_env.update(
                 RANK=str(rank),
-                WORLD_SIZE=str(nprocs * nnodes),
+                WORLD_SIZE=str(nprocs * nnodes + servers),
                 LOCAL_RANK=str(local_rank),
-                LOCAL_WORLD_SIZE=str(nprocs),
+                LOCAL_WORLD_SIZE=str(nprocs + servers),
                 GROUP_RANK=str(node_rank),
                 NODE_RANK=str(node_rank),
                 MASTER_ADDR=master_addr,
@@ -417,6 +430,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="store port on node 0 (default: a free port; required with --nnodes > 1)",
     )  # fmt: skip
     parser.add_argument(
+        "--servers", type=int, default=0, metavar="S",
+        help="also start S parameter servers after the N workers (see pycollective.ps)",
+    )  # fmt: skip
+    parser.add_argument(
         "--grace", type=float, default=5.0,
         help="seconds the other ranks get to exit after one fails, before SIGKILL (default 5)",
     )  # fmt: skip
@@ -442,6 +459,7 @@ def main(args: argparse.Namespace) -> int:
             master_port=args.master_port,
             prefix=args.prefix,
             grace=args.grace,
+            servers=args.servers,
         )
     except UsageError as exc:
         print(f"pycollective run: {exc}", file=sys.stderr)
