@@ -652,20 +652,19 @@ class TCPTransport(Transport):
         try:
             header = _wire.unpack(conn.hdr)
         except _wire.FrameError as exc:
-            self._lose(conn, f"protocol error from rank {conn.peer}: {exc}")
-            raise TransportError(
-                f"rank {conn.peer} sent an invalid frame: {exc}", conn.peer
-            ) from None
+            # Lose the connection but raise nothing here: the exchange in progress may be
+            # another group's, with other peers; whoever needs this peer raises (_drive).
+            self._lose(conn, f"rank {conn.peer} sent an invalid frame: {exc}")
+            return
         if header.nbytes > MAX_FRAME_BYTES or (
             header.frame == _wire.ABORT and header.nbytes > _wire.MAX_ABORT_PAYLOAD
         ) or (
             header.frame == _wire.PROBE and header.nbytes
         ):
-            self._lose(conn, f"oversized frame ({header.nbytes} bytes)")
-            raise TransportError(
-                f"rank {conn.peer} announced a {header.nbytes}-byte frame, over the limit",
-                conn.peer,
+            self._lose(
+                conn, f"rank {conn.peer} announced a {header.nbytes}-byte frame, over the limit"
             )
+            return
         conn.cur = conn.last = header
         conn.got = 0
         mismatch: MismatchError | None = None
@@ -679,12 +678,12 @@ class TCPTransport(Transport):
             conn.view = target.dest[: header.nbytes]
         else:
             if self._unexpected_bytes + header.nbytes > self.max_unexpected:
-                self._lose(conn, "too much unexpected data")
-                raise TransportError(
-                    f"rank {conn.peer} sent {header.nbytes} bytes nobody asked for, beyond the "
-                    f"{self.max_unexpected}-byte bound on early messages",
-                    conn.peer,
+                self._lose(
+                    conn,
+                    f"rank {conn.peer} sent {header.nbytes} bytes nobody asked for, beyond "
+                    f"the {self.max_unexpected}-byte bound on early messages",
                 )
+                return
             conn.stash = np.empty(header.nbytes, dtype=np.uint8)
             conn.view = memoryview(conn.stash).cast("B")
             self._unexpected_bytes += header.nbytes
