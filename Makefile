@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # mpirun and a real mpiexec.hydra.
 APT_PACKAGES := openmpi-bin libopenmpi-dev mpich
 
-.PHONY: setup system-deps test demo lint clean
+.PHONY: setup system-deps test faults demo lint clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,11 @@ system-deps:
 
 test: setup
 	$(PY) -m pytest -q
+
+# Fault injection (not part of `test`; several minutes): 50 kill -9 runs, every kind of
+# mismatched call, 12,000 fuzz inputs beside a live job, a 100,000-call soak, SIGINT runs.
+faults: setup
+	$(PY) tools/faults.py
 
 demo: setup
 	$(PY) -m pycollective run -n 4 $(PY) examples/hello_collectives.py

@@ -1,0 +1,300 @@
+"""Fault injection for pycollective (`make faults`): kills, mismatches, fuzzing, a soak,
+SIGINT, and the flight recorder's cost. Prints what it found and writes it as JSON.
+
+    python tools/faults.py [--kills 50] [--fuzz-examples 2000] [--soak-small 100000]
+                           [--soak-large 1000] [--only kill,mismatch,fuzz,soak,sigint,overhead]
+
+Exit status 0 only if every check passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "src")]
+
+from tests._launch import run_ranks  # noqa: E402
+from tests.faults._chaos import kill_run, sigint_run  # noqa: E402
+from tests.faults.test_faults import MORE_SIDES, SEND_ONLY_POSSIBLE, SIDES  # noqa: E402
+
+TRANSPORTS = {"tcp": {"PYCOLLECTIVE_TRANSPORT": "tcp"}, "auto": {}}
+
+
+def log(text: str) -> None:
+    print(text, flush=True)
+
+
+# ---------------------------------------------------------------------- kill -9
+
+
+def kills(n: int, transports: list[str], seed: int) -> dict:
+    rng = random.Random(seed)
+    runs, failures, worst = [], [], 0.0
+    for i in range(n):
+        nprocs = 3 if i % 2 == 0 else 4
+        transport = transports[(i // 2) % len(transports)]
+        victim = rng.randrange(nprocs)
+        delay = rng.uniform(0.05, 1.5)
+        res = kill_run(nprocs, seed * 1000 + i, delay, victim, env=TRANSPORTS[transport])
+        t = max(res.raise_seconds.values(), default=float("nan"))
+        worst = max(worst, t) if res.raise_seconds else worst
+        runs.append({"run": i, "nprocs": nprocs, "transport": transport, "victim": victim,
+                     "delay": round(delay, 3), "launcher_rc": res.launcher_rc,
+                     "max_raise_s": round(t, 4), "ok": res.ok, "problems": res.problems})
+        log(f"  kill {i + 1:2d}/{n}: {transport:4s} p={nprocs} victim={victim} "
+            f"after {delay:.2f} s -> survivors raised within {t:.3f} s, launcher rc "
+            f"{res.launcher_rc}{'' if res.ok else '  PROBLEMS: ' + '; '.join(res.problems)}")
+        if not res.ok:
+            failures.append(runs[-1] | {"stderr": res.stderr_tail})
+    survivors = sum(r["nprocs"] - 1 for r in runs)
+    return {"runs": n, "kills": n, "survivors": survivors, "failed_runs": len(failures),
+            "max_raise_seconds": round(worst, 4), "transports": transports,
+            "world_sizes": [3, 4], "details": runs, "failures": failures}
+
+
+# ---------------------------------------------------------------------- mismatches
+
+
+def _steps(stdout: str) -> dict:
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith("RESULT "):
+            d = json.loads(line[7:])
+            out[d["step"]] = d
+    return out
+
+
+def mismatches(sizes: list[int]) -> dict:
+    worker = REPO / "tests" / "faults" / "_worker.py"
+    kinds_ok, problems = set(), []
+    for variant, (mine, theirs) in SIDES.items():
+        ok = True
+        for p in sizes:
+            results = run_ranks(worker, p, ("mismatch", variant),
+                                env={"PYCOLLECTIVE_TIMEOUT": "10"}, timeout=60)
+            for r in results:
+                s = _steps(r.stdout)
+                order = ["extra", "mismatch", "after"]
+                failed = [s[k] for k in order if k in s and s[k]["error"]]
+                bad = None
+                if r.returncode != 0:
+                    bad = f"exit {r.returncode}: {r.stderr[-300:]}"
+                elif not failed:
+                    bad = "no error"
+                elif failed[0]["error"] != "MismatchError":
+                    bad = f"{failed[0]['error']}: {failed[0]['msg'][:200]}"
+                elif not (mine in failed[0]["msg"] and theirs in failed[0]["msg"]):
+                    bad = f"does not name both sides: {failed[0]['msg'][:200]}"
+                elif variant not in SEND_ONLY_POSSIBLE and variant != "extra" and not (
+                    s.get("mismatch", {}).get("error")
+                ):
+                    bad = "the mismatched call itself did not raise"
+                elif failed[0]["elapsed"] > 5:
+                    bad = f"took {failed[0]['elapsed']:.1f} s"
+                if bad:
+                    ok = False
+                    problems.append(f"{variant} p={p} rank {r.rank}: {bad}")
+        if ok:
+            kinds_ok.add(variant)
+        log(f"  mismatch {variant:18s} at p={sizes}: {'ok' if ok else 'FAILED'}")
+    return {"kinds": len(SIDES), "kinds_ok": len(kinds_ok), "world_sizes": sizes,
+            "variants": sorted(SIDES), "more": sorted(MORE_SIDES), "problems": problems}
+
+
+# ---------------------------------------------------------------------- fuzzing
+
+
+def fuzz(examples: int) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        report = f.name
+    env = dict(os.environ, PYCOLLECTIVE_FUZZ_EXAMPLES=str(examples),
+               PYCOLLECTIVE_FUZZ_REPORT=report)
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:logging", "-p", "no:cacheprovider",
+         "--timeout", "3600", "tests/security/test_fuzz_wire.py"],
+        cwd=REPO, env=env, capture_output=True, text=True,
+    )
+    try:
+        data = json.loads(Path(report).read_text())
+    except (OSError, ValueError):
+        data = {}
+    finally:
+        Path(report).unlink(missing_ok=True)
+    tail = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
+    log(f"  fuzz: {data.get('inputs', 0)} inputs in {time.monotonic() - t0:.0f} s: {tail}")
+    return {"ok": proc.returncode == 0, "inputs": data.get("inputs", 0),
+            "per_target": data.get("per_target"), "side_job": data.get("side_job"),
+            "rss_growth_bytes": data.get("rss_growth_bytes"),
+            "pytest": proc.stdout[-3000:] if proc.returncode else tail}
+
+
+# ---------------------------------------------------------------------- soak
+
+
+def soak(small: int, large: int, nprocs: int = 2) -> dict:
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pycollective", "run", "-n", str(nprocs), sys.executable,
+         str(REPO / "tests" / "faults" / "_soak_worker.py"), str(small), str(large)],
+        cwd=REPO, capture_output=True, text=True, timeout=3600,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)])),
+    )
+    ranks = [json.loads(m[1]) for m in re.finditer(r"SOAK (\{.*\})", proc.stdout)]
+    problems = []
+    if proc.returncode != 0 or len(ranks) != nprocs:
+        problems.append(f"exit {proc.returncode}: {proc.stderr[-1000:]}")
+    for r in ranks:
+        if r["rss_growth_pct"] >= 5.0:
+            problems.append(f"rank {r['rank']}: RSS grew {r['rss_growth_pct']:.2f}%")
+        if r["after"]["fds"] > r["before"]["fds"]:
+            problems.append(f"rank {r['rank']}: fds {r['before']['fds']} -> {r['after']['fds']}")
+        if r["after"]["threads"] > r["before"]["threads"]:
+            problems.append(f"rank {r['rank']}: threads grew")
+        log(f"  soak rank {r['rank']}: {small} small + {large} large all_reduce in "
+            f"{r['seconds']:.1f} s; RSS {r['before']['rss'] >> 10} -> {r['after']['rss'] >> 10}"
+            f" KiB ({r['rss_growth_pct']:+.2f}%), fds {r['before']['fds']} -> "
+            f"{r['after']['fds']}, threads {r['before']['threads']} -> {r['after']['threads']}")
+    return {"ok": not problems, "small": small, "large": large, "nprocs": nprocs,
+            "ranks": ranks, "problems": problems, "seconds": time.monotonic() - t0}
+
+
+# ---------------------------------------------------------------------- SIGINT
+
+
+def sigints(n: int, seed: int) -> dict:
+    rng = random.Random(seed)
+    runs = []
+    for i in range(n):
+        nprocs = 3 if i % 2 == 0 else 4
+        res = sigint_run(nprocs, seed + i, rng.uniform(0.05, 1.0))
+        runs.append({"nprocs": nprocs, "exit_seconds": res.exit_seconds, "ok": res.ok,
+                     "problems": res.problems})
+        log(f"  sigint {i + 1}/{n}: p={nprocs}: every rank gone {res.exit_seconds:.2f} s after "
+            f"SIGINT{'' if res.ok else '  PROBLEMS: ' + '; '.join(res.problems)}")
+    return {"runs": n, "failed_runs": sum(not r["ok"] for r in runs),
+            "max_exit_seconds": max(r["exit_seconds"] or 99 for r in runs), "details": runs}
+
+
+# ---------------------------------------------------------------------- recorder cost
+
+
+_BENCH = """
+import time, numpy as np, pycollective as dist
+dist.init_process_group()
+x = np.ones(16, np.float32)
+best = 1e9
+for _ in range(5):
+    t0 = time.perf_counter()
+    for _ in range(20000):
+        dist.all_reduce(x)
+    best = min(best, (time.perf_counter() - t0) / 20000)
+print(best)
+"""
+
+
+def overhead() -> dict:
+    import timeit
+
+    from pycollective._flight import FlightRecorder
+
+    rec = FlightRecorder(0, 1)
+
+    def one() -> None:
+        e = rec.record(1, "default", 0, "all_reduce", 16, None, "ring", None, 0)
+        e.start()
+        e.end()
+
+    per = min(timeit.repeat(one, number=100000, repeat=5)) / 100000
+    calls = {}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    for label, cap in (("off", "0"), ("on", "256")):
+        out = subprocess.run([sys.executable, "-c", _BENCH], capture_output=True, text=True,
+                             env=dict(env, PYCOLLECTIVE_FLIGHT_RECORDER=cap), cwd=REPO)
+        calls[label] = float(out.stdout.strip().splitlines()[-1])
+    log(f"  recorder: {per * 1e6:.2f} us per record+start+end; world-of-one all_reduce "
+        f"{calls['off'] * 1e6:.1f} us off, {calls['on'] * 1e6:.1f} us on")
+    return {"record_start_end_us": per * 1e6, "all_reduce_us_off": calls["off"] * 1e6,
+            "all_reduce_us_on": calls["on"] * 1e6}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kills", type=int, default=50)
+    ap.add_argument("--transports", default="tcp,auto")
+    ap.add_argument("--fuzz-examples", type=int, default=2000, help="per fuzz target (6)")
+    ap.add_argument("--soak-small", type=int, default=100000)
+    ap.add_argument("--soak-large", type=int, default=1000)
+    ap.add_argument("--sigints", type=int, default=6)
+    ap.add_argument("--seed", type=int, default=20261130)
+    ap.add_argument("--only", default="kill,mismatch,fuzz,soak,sigint,overhead")
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "faults.json"))
+    args = ap.parse_args()
+    only = set(args.only.split(","))
+    summary: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    ok = True
+    t0 = time.monotonic()
+    if "kill" in only:
+        log(f"kill -9: {args.kills} runs")
+        k = summary["kill"] = kills(args.kills, args.transports.split(","), args.seed)
+        ok &= k["failed_runs"] == 0
+    if "mismatch" in only:
+        log("mismatched calls")
+        m = summary["mismatch"] = mismatches([2, 3, 4])
+        ok &= m["kinds_ok"] == m["kinds"] and m["kinds"] >= 20
+    if "fuzz" in only:
+        log("fuzzing")
+        f = summary["fuzz"] = fuzz(args.fuzz_examples)
+        ok &= f["ok"] and f["inputs"] >= 10000
+    if "soak" in only:
+        log("soak")
+        s = summary["soak"] = soak(args.soak_small, args.soak_large)
+        ok &= s["ok"]
+    if "sigint" in only:
+        log("SIGINT to the launcher")
+        g = summary["sigint"] = sigints(args.sigints, args.seed)
+        ok &= g["failed_runs"] == 0
+    if "overhead" in only:
+        log("flight recorder cost")
+        summary["overhead"] = overhead()
+    summary["seconds"] = round(time.monotonic() - t0, 1)
+    summary["ok"] = bool(ok)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(summary, indent=1))
+    log("")
+    if "kill" in summary:
+        k = summary["kill"]
+        log(f"kill -9: {k['runs']} runs ({', '.join(k['transports'])}; p=3,4), {k['kills']} "
+            f"kills, {k['survivors']} survivors, all raised within {k['max_raise_seconds']} s;"
+            f" failed runs: {k['failed_runs']}")
+    if "mismatch" in summary:
+        m = summary["mismatch"]
+        log(f"mismatch: {m['kinds_ok']}/{m['kinds']} kinds raise MismatchError naming both "
+            f"sides at p={m['world_sizes']}")
+    if "fuzz" in summary:
+        f = summary["fuzz"]
+        log(f"fuzz: {f['inputs']} inputs; job beside: {f['side_job']}; "
+            f"fuzzer RSS growth {f['rss_growth_bytes']} bytes; ok={f['ok']}")
+    if "soak" in summary:
+        log(f"soak: ok={summary['soak']['ok']} {summary['soak']['problems']}")
+    if "sigint" in summary:
+        g = summary["sigint"]
+        log(f"sigint: {g['runs']} runs, failed {g['failed_runs']}, slowest "
+            f"{g['max_exit_seconds']:.2f} s")
+    log(f"{'ALL PASSED' if ok else 'SOME CHECKS FAILED'} in {summary['seconds']} s -> {args.out}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
