@@ -264,6 +264,19 @@ def pending_at_destroy() -> None:
     finish()
 
 
+def monitored(nap: float) -> None:
+    """Everyone arrives at one monitored_barrier; then the last rank is late for the next."""
+    attempt("all-arrive", lambda: dist.monitored_barrier(timeout=10))
+    if RANK == P - 1:
+        time.sleep(nap)
+        attempt("late", lambda: dist.monitored_barrier(timeout=10))
+        return
+    exc = attempt("missing", lambda: dist.monitored_barrier(timeout=1.0, wait_all_ranks=True))
+    report(step="missing-info", error=None, elapsed=0.0,
+           waiting_on=list(getattr(exc, "waiting_on", ()) or ()))
+    time.sleep(max(0.0, nap - 0.5))  # stay until the late rank has heard from us
+
+
 def main() -> None:
     scenario, *args = sys.argv[1:]
     dist.init_process_group()
@@ -275,6 +288,8 @@ def main() -> None:
         sleeper(float(args[0]))
     elif scenario == "async":
         async_error(args[0])
+    elif scenario == "monitored":
+        monitored(float(args[0]))
     elif scenario == "pending":
         pending_at_destroy()
         return

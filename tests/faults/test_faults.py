@@ -235,3 +235,24 @@ def test_destroy_with_a_collective_in_flight_returns_promptly() -> None:
     assert s["wait-after-destroy"]["error"] in COLLECTIVE_ERRORS, _where(r0)
     assert s["wait-after-destroy"]["elapsed"] < 1.0, _where(r0)
     assert steps[1]["destroy"]["elapsed"] < 2.0, _where(r1)
+
+
+@pytest.mark.timeout(60)
+def test_monitored_barrier_names_the_ranks_that_did_not_arrive() -> None:
+    nprocs = 3
+    results, steps = _job(nprocs, "monitored", "2.5")
+    for r in results:
+        s = steps[r.rank]
+        _check_clean_exit(r, s)
+        assert s["all-arrive"]["error"] is None, _where(r)
+        if r.rank == nprocs - 1:
+            # the group failed meanwhile: the late rank hears it at once, not at its timeout
+            assert _is_collective_error(s["late"]) and s["late"]["elapsed"] < 1.0, _where(r)
+            continue
+        missing = s["missing"]
+        assert _is_collective_error(missing), _where(r)
+        assert "did not arrive" in missing["msg"] and "[2]" in missing["msg"], _where(r)
+        assert missing["elapsed"] < 3.0, _where(r)
+        if r.rank == 0:
+            assert missing["error"] == "CollectiveTimeout", _where(r)
+            assert s["missing-info"]["waiting_on"] == [2], _where(r)
