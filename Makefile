@@ -40,8 +40,20 @@ test: setup
 faults: setup
 	$(PY) tools/faults.py
 
+# The main job: Fashion-MNIST three ways (1 process, 2-worker all-reduce, 2 workers + 1
+# parameter server), a table and plots in out/fashion_mnist. Installs Debian's dataset
+# when missing and run as root; FASHION_MNIST_DIR=<dir with the four IDX files> also works.
 demo: setup
-	$(PY) -m pycollective run -n 4 $(PY) examples/hello_collectives.py
+	@if [ -z "$$FASHION_MNIST_DIR" ] && ! dpkg -s dataset-fashion-mnist >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing dataset-fashion-mnist"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null; \
+		else \
+			echo "demo needs Fashion-MNIST: sudo apt-get install dataset-fashion-mnist" \
+				"(or FASHION_MNIST_DIR=<dir with the four IDX files>)"; exit 2; \
+		fi; \
+	fi
+	$(PY) examples/fashion_mnist/demo.py
 
 lint: setup
 	$(VENV)/bin/ruff check .
