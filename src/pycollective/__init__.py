@@ -62,14 +62,23 @@ from ._work import Future, Work
 __version__ = "0.1.0"
 
 
-def algorithms(collective: str) -> list[str]:
-    """The algorithm names `collective` accepts as `algorithm=`, "auto" first."""
+def algorithms(collective: str, group: ProcessGroup | None = None) -> list[str]:
+    """The algorithm names `collective` accepts as `algorithm=`, "auto" first. "shm" is
+    listed when `group` (default: the default group, once initialized) runs over shared
+    memory, i.e. every member is on this host (see shm/)."""
     try:
-        return ["auto", *_schedule.ALGORITHMS[collective]]
+        names = ["auto", *_schedule.ALGORITHMS[collective]]
     except KeyError:
         raise UsageError(
             f"unknown collective {collective!r}; one of {sorted(_schedule.ALGORITHMS)}"
         ) from None
+    from ._state import _default
+    from .shm.local import ALGORITHM, COLLECTIVES
+
+    g = group if group is not None else _default
+    if g is not None and g.shm is not None and collective in COLLECTIVES:
+        names.append(ALGORITHM)
+    return names
 
 
 class Backend:

@@ -28,6 +28,7 @@ from ._executor import Plan, ScratchPool, make_plan, run_schedule
 from ._flight import FlightRecorder
 from ._reduce_ops import ReduceOp, finish_average, kernel
 from ._work import Work
+from .shm import local as _shm
 from .transport import _wire
 from .transport._base import Transport
 from .transport._wire import Header
@@ -36,6 +37,7 @@ log = logging.getLogger("pycollective")
 
 # Every algorithm name gets a one-byte code for the frame header.
 _ALGO_NAMES = sorted({a for algos in schedule.ALGORITHMS.values() for a in algos} | {"p2p"})
+_ALGO_NAMES += [_shm.ALGORITHM, _shm.SETUP_ALGORITHM]  # appended: existing codes stay
 ALGO_CODE = {name: i + 1 for i, name in enumerate(_ALGO_NAMES)}
 _wire.ALGO_NAME.update({code: name for name, code in ALGO_CODE.items()})  # for error messages
 
@@ -130,6 +132,10 @@ class ProcessGroup:
         self._seq = 0
         self._failed: CollectiveError | None = None
         self._peers = tuple(r for r in self.ranks if r != world.rank)
+        # Set at the group's first collective: the shared-memory arena when every member
+        # is on this host (shm/local.py), else None.
+        self.shm: _shm.LocalGroup | None = None
+        self._shm_known = False
 
     # torch spells these as methods
     def rank(self) -> int:
@@ -167,10 +173,15 @@ class ProcessGroup:
         self, collective: str, algorithm: str | None, count: int, dtype: DType, root: int
     ) -> str:
         names = schedule.ALGORITHMS[collective]
+        local = self.shm is not None and collective in _shm.COLLECTIVES
+        if local:
+            names = (*names, _shm.ALGORITHM)
         chosen = (
             algorithm or os.environ.get(f"PYCOLLECTIVE_{collective.upper()}_ALGORITHM") or "auto"
         )
         if chosen == "auto":
+            if local:
+                return _shm.ALGORITHM
             if len(names) == 1:
                 return names[0]
             best = _auto_choice(
@@ -215,9 +226,11 @@ class ProcessGroup:
         is a failure of the group, reported to every peer.
         """
         self.check_usable()
+        if not self._shm_known:
+            self._set_up_shm()
         algo = self.choose_algorithm(collective, algorithm, count, dtype, root)
         segment = max(1, _tuning.CHAIN_SEGMENT_BYTES // dtype.itemsize)
-        sched = _cached_schedule(
+        sched = None if algo == _shm.ALGORITHM else _cached_schedule(
             collective,
             algo,
             self._rank,
@@ -260,7 +273,13 @@ class ProcessGroup:
                     # An abort notice that came since the last call fails this one now,
                     # even if none of its own steps would touch the rank at fault.
                     world.transport.check_group(self.group_id, seq)
-                if world.transport is not None or self.size() == 1:
+                if sched is None:
+                    self.shm.run(  # type: ignore[union-attr]
+                        collective, arrays, dtype, red_kernel, header, deadline, label
+                    )
+                elif world.transport is not None or self.size() == 1:
+                    if self.shm is not None:
+                        self.shm.announce(header)  # so a peer in an arena call sees ours
                     run_schedule(
                         sched,
                         arrays,
@@ -292,6 +311,26 @@ class ProcessGroup:
             return world.engine.submit(job, Work(label, result))
         world.engine.run(job)
         return None
+
+    def _set_up_shm(self) -> None:
+        """Before the first collective: find out whether every member is on this host
+        and map the group's shared-memory arena if so (one exchange, shm/local.py)."""
+        world = self.world
+        seq = self._seq
+
+        def job() -> None:
+            self.check_usable()
+            try:
+                self.shm = _shm.setup(
+                    self.ranks, self._rank, self.group_id, world.transport,
+                    ALGO_CODE[_shm.SETUP_ALGORITHM], time.monotonic() + self.timeout, world.pool,
+                )
+            except CollectiveError as exc:
+                self.fail(exc, seq)
+                raise
+            self._shm_known = True
+
+        world.engine.run(job)
 
     def fail(self, exc: CollectiveError, seq: int = 0) -> None:
         """Mark the group unusable and tell its other members why (best effort). `seq` is

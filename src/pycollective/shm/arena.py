@@ -1,0 +1,383 @@
+"""A shared-memory arena for the ranks of one group on one host: the segment's lifecycle,
+its layout, and the per-rank phase counters the arena collectives synchronise on.
+
+Lifecycle. Group rank 0 creates a file in /dev/shm (named after the user, the pid
+namespace and its pid, so a later run can tell a stale one from a live one), reserves its
+pages (a full tmpfs then fails here with an error instead of killing a process with SIGBUS
+on first touch), the others map it, and once all have (one arena barrier) rank 0 unlinks
+the name. From then on the memory lives exactly as long as some rank maps it: normal exit,
+exceptions, signals and kill -9 all leave nothing behind. A segment whose creator died
+before unlinking it is removed by the next creation on this host (`sweep_stale`). We do
+not use multiprocessing.shared_memory: its resource tracker starts a process and would
+unlink a segment it did not create at exit.
+
+Layout: a 4 KiB header (magic, group size, slot size, creator pid), then one 128-byte
+control block per rank (two cache lines, written only by its rank, so ranks never write
+the same line), then the data: two halves, each with one slot of `slot_bytes` per rank.
+Consecutive chunks of a collective alternate halves, so a rank can fill the next half
+while slower ranks still read the previous one.
+
+Synchronisation: each rank owns a monotone phase counter (`EPOCH`). A phase is "bump my
+counter, wait until every peer's counter is as high". Every rank runs the same phases for
+the same calls, so the counters agree between calls. Waiting spins briefly, then keeps
+polling with sched_yield (cheap under contention: a yielding poll lets the peer we wait on
+run), then sleeps on the peer's counter with a futex; a rank that bumps its counter wakes
+peers that said they sleep. Waits call `poll` periodically so the caller can enforce
+deadlines and notice dead peers and abort notices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from . import _futex
+
+SHM_DIR = "/dev/shm"
+_PREFIX = "pycollective"
+MAGIC = 0x50594353484D3031  # "PYCSHM01"
+HEADER_BYTES = 4096
+WORDS = 16  # int64 words per control block (128 bytes)
+MAX_RANKS = 256
+
+# Control block words (int64). Only the owning rank writes its block.
+EPOCH = 0  # phase counter; its low 32 bits are the futex word peers sleep on
+SLEEPING = 1  # nonzero while this rank may be asleep on a peer's counter
+PID = 2
+SEQ = 3  # announced call: group sequence number + 1 (0: none yet) ...
+KIND = 4  # ... and its kind, dtype, count, root, op, algorithm codes
+DTYPE = 5
+COUNT = 6
+ROOT = 7
+OP = 8
+ALGO = 9
+
+# Header words
+_H_MAGIC, _H_SIZE, _H_SLOT, _H_PID = 0, 1, 2, 3
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def slot_bytes_for(size: int) -> int:
+    """Slot size per rank per half: 1 MiB (a chunk's working set stays in L2/L3), smaller
+    for big groups so the arena stays ~16 MiB at most. PYCOLLECTIVE_SHM_SLOT_BYTES overrides."""
+    override = os.environ.get("PYCOLLECTIVE_SHM_SLOT_BYTES")
+    if override:
+        value = int(override)
+    else:
+        value = min(1 << 20, max(64 << 10, (8 << 20) // max(1, size)))
+    return max(4096, value // 4096 * 4096)
+
+
+def layout(size: int, slot_bytes: int) -> tuple[int, int, int]:
+    """(control offset, data offset, total bytes) of an arena for `size` ranks."""
+    ctrl = HEADER_BYTES
+    data = ctrl + -(-size * WORDS * 8 // 4096) * 4096
+    return ctrl, data, data + 2 * size * slot_bytes
+
+
+# ---------------------------------------------------------------------- the segment
+
+
+def _pidns() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid").split("[")[-1].rstrip("]")
+    except OSError:
+        return "0"
+
+
+def _name_prefix() -> str:
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return f"{_PREFIX}-{uid}-{_pidns()}-"
+
+
+def available() -> bool:
+    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK | os.X_OK)
+
+
+def sweep_stale() -> list[str]:
+    """Unlink segments left by creators of this user and pid namespace that are dead (they
+    died between creating and unlinking). Returns the names removed."""
+    prefix = _name_prefix()
+    removed = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        try:
+            pid = int(name[len(prefix) :].split("-")[0])
+        except ValueError:
+            continue
+        if pid == os.getpid() or _alive(pid):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(SHM_DIR, name))
+            removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Segment:
+    """One mapped file in /dev/shm. The mapping outlives the name (see `unlink`)."""
+
+    def __init__(self, name: str, fd: int, nbytes: int, created: bool) -> None:
+        self.name = name
+        self.nbytes = nbytes
+        self.created = created
+        self._linked = created
+        try:
+            self.mm = mmap.mmap(fd, nbytes)
+        finally:
+            os.close(fd)
+
+    @property
+    def path(self) -> str:
+        return os.path.join(SHM_DIR, self.name)
+
+    @classmethod
+    def create(cls, nbytes: int) -> Segment:
+        sweep_stale()
+        name = f"{_name_prefix()}{os.getpid()}-{secrets.token_hex(6)}"
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, nbytes)
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, nbytes)  # ENOSPC now rather than SIGBUS later
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(SHM_DIR, name))
+            raise
+        try:
+            return cls(name, fd, nbytes, created=True)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(SHM_DIR, name))
+            raise
+
+    @classmethod
+    def attach(cls, name: str, nbytes: int) -> Segment:
+        if "/" in name or not name.startswith(_PREFIX + "-"):
+            raise OSError(f"not a pycollective segment name: {name!r}")
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+        try:
+            if os.fstat(fd).st_size < nbytes:
+                raise OSError(f"segment {name} is smaller than {nbytes} bytes")
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(name, fd, nbytes, created=False)
+
+    def unlink(self) -> None:
+        """Remove the name (creator only); mappings stay valid until every rank unmaps."""
+        if self._linked:
+            self._linked = False
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
+
+# ---------------------------------------------------------------------- the arena
+
+# The writer of a counter reads its peers' SLEEPING flags after the store; the sleeper
+# stores its flag and then reads the counter. x86 may reorder a store with a later load,
+# so both sides put a full fence between them (a lock acquire is a locked instruction)
+# and no wake-up is lost. The futex timeout bounds the damage if one ever were.
+_FENCE = threading.Lock()
+
+
+def _fence() -> None:
+    _FENCE.acquire()
+    _FENCE.release()
+
+
+class Arena:
+    """This rank's view of a group's arena: control blocks, data slots, phase counter."""
+
+    def __init__(self, segment: Segment, size: int, rank: int, slot_bytes: int) -> None:
+        ctrl_off, data_off, total = layout(size, slot_bytes)
+        if segment.nbytes < total:
+            raise ValueError(f"segment of {segment.nbytes} bytes, arena needs {total}")
+        self.segment = segment
+        self.size = size
+        self.rank = rank
+        self.slot_bytes = slot_bytes
+        self._raw = np.frombuffer(segment.mm, dtype=np.uint8)
+        self._addr = self._raw.ctypes.data
+        self.header = memoryview(segment.mm)[:HEADER_BYTES].cast("q")
+        self.ctrl = memoryview(segment.mm)[ctrl_off:data_off].cast("q")
+        self._ctrl_addr = self._addr + ctrl_off
+        self.data = self._raw[data_off:total]
+        self._typed: dict[np.dtype, np.ndarray] = {}
+        self.peers = tuple(q for q in range(size) if q != rank)
+        self.epoch = self.ctrl[rank * WORDS + EPOCH]
+        self.half = 0  # the half the next chunk goes to; every rank flips alike
+        oversubscribed = size > _cores()
+        # Spin budgets (seconds of sched_yield polling before sleeping). Spinning without
+        # yielding is only for the first few checks: with more busy processes than cores a
+        # pure spinner can hold the core the peer needs for a whole time slice.
+        default_us = 300.0 if oversubscribed else 1000.0
+        self.yield_seconds = _env_float("PYCOLLECTIVE_SHM_SPIN_US", default_us) * 1e-6
+        self.pure_spins = 16 if oversubscribed else 256
+
+    # ---------------------------------------------------------------- header, at setup
+
+    def init_header(self) -> None:
+        h = self.header
+        h[_H_SIZE] = self.size
+        h[_H_SLOT] = self.slot_bytes
+        h[_H_PID] = os.getpid()
+        h[_H_MAGIC] = MAGIC
+
+    def check_header(self) -> None:
+        h = self.header
+        if h[_H_MAGIC] != MAGIC or h[_H_SIZE] != self.size or h[_H_SLOT] != self.slot_bytes:
+            raise ValueError(
+                f"arena {self.segment.name} has layout ({h[_H_SIZE]} ranks, {h[_H_SLOT]}-byte "
+                f"slots), expected ({self.size}, {self.slot_bytes})"
+            )
+        self.ctrl[self.rank * WORDS + PID] = os.getpid()
+
+    # ---------------------------------------------------------------- data views
+
+    def typed(self, dtype: np.dtype) -> np.ndarray:
+        """The data region as elements of `dtype` (cached)."""
+        view = self._typed.get(dtype)
+        if view is None:
+            view = self._typed[dtype] = self.data.view(dtype)
+        return view
+
+    def slot(self, typed: np.ndarray, half: int, q: int) -> np.ndarray:
+        per = self.slot_bytes // typed.itemsize
+        start = (half * self.size + q) * per
+        return typed[start : start + per]
+
+    def half_region(self, typed: np.ndarray, half: int) -> np.ndarray:
+        per = self.size * self.slot_bytes // typed.itemsize
+        return typed[half * per : (half + 1) * per]
+
+    def flip(self) -> int:
+        """The half for this chunk; the next chunk gets the other one."""
+        h = self.half
+        self.half = h ^ 1
+        return h
+
+    # ---------------------------------------------------------------- announcements
+
+    def announce(self, seq: int, kind: int, dtype: int, count: int, root: int, op: int,
+                 algo: int) -> None:
+        """Say which call this rank is in (peers check it against theirs). A seqlock:
+        SEQ is 0 while the fields change, so a reader never takes half of two calls."""
+        c, base = self.ctrl, self.rank * WORDS
+        c[base + SEQ] = 0
+        c[base + KIND] = kind
+        c[base + DTYPE] = dtype
+        c[base + COUNT] = count
+        c[base + ROOT] = root
+        c[base + OP] = op
+        c[base + ALGO] = algo
+        c[base + SEQ] = seq + 1
+
+    def announced(self, q: int) -> tuple[int, int, int, int, int, int, int] | None:
+        """(seq, kind, dtype, count, root, op, algo) rank q announced last, or None."""
+        c, base = self.ctrl, q * WORDS
+        while True:
+            seq = c[base + SEQ]
+            fields = (c[base + KIND], c[base + DTYPE], c[base + COUNT], c[base + ROOT],
+                      c[base + OP], c[base + ALGO])
+            if seq == c[base + SEQ]:
+                if seq == 0:
+                    return None
+                return (seq - 1, *fields)
+            # the owner is rewriting it: it finishes within nanoseconds
+
+    def epoch_of(self, q: int) -> int:
+        return self.ctrl[q * WORDS + EPOCH]
+
+    # ---------------------------------------------------------------- phases
+
+    def bump(self) -> int:
+        """Enter the next phase: publish it and wake peers asleep on us."""
+        e = self.epoch + 1
+        self.epoch = e
+        c = self.ctrl
+        c[self.rank * WORDS + EPOCH] = e
+        _fence()
+        for q in self.peers:
+            if c[q * WORDS + SLEEPING]:
+                _futex.wake(self._ctrl_addr + self.rank * WORDS * 8)
+                break
+        return e
+
+    def lagging(self, target: int) -> list[int]:
+        c = self.ctrl
+        return [q for q in self.peers if c[q * WORDS + EPOCH] < target]
+
+    def wait_all(self, target: int, poll: Callable[[int], None]) -> None:
+        """Wait until every peer's counter reaches `target`. `poll(target)` is called every
+        so often while waiting; it raises to give up (deadline, dead peer, abort)."""
+        c = self.ctrl
+        for q in self.peers:
+            i = q * WORDS + EPOCH
+            if c[i] < target:
+                self._wait_one(i, target, poll)
+
+    def _wait_one(self, i: int, target: int, poll: Callable[[int], None]) -> None:
+        c = self.ctrl
+        for _ in range(self.pure_spins):
+            if c[i] >= target:
+                return
+        start = time.monotonic()
+        poll(target)  # cheap checks first (a mismatch shows at once)
+        next_poll = start + POLL_SECONDS
+        yield_until = start + self.yield_seconds
+        sleeping = self.rank * WORDS + SLEEPING
+        addr = self._ctrl_addr + i * 8
+        while c[i] < target:
+            now = time.monotonic()
+            if now >= next_poll:
+                poll(target)
+                next_poll = now + POLL_SECONDS
+            if now < yield_until:
+                os.sched_yield()
+                continue
+            c[sleeping] = 1
+            _fence()
+            value = c[i]
+            if value < target:
+                _futex.wait(addr, value, min(SLEEP_SECONDS, max(1e-4, next_poll - now)))
+            c[sleeping] = 0
+
+
+POLL_SECONDS = 0.02  # how often a waiting rank checks deadline, liveness and abort notices
+SLEEP_SECONDS = 0.01  # longest single futex sleep

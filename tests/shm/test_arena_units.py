@@ -1,0 +1,217 @@
+"""The arena without a job: segment lifecycle, the stale sweep, futexes, announcements, and
+every arena collective run by forked processes against numpy (small slots, so calls span
+many chunks and both halves)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import stat
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from pycollective._dtypes import from_numpy
+from pycollective._reduce_ops import ReduceOp, kernel
+from pycollective.shm import _futex, _hostid, arena, collectives
+
+pytestmark = pytest.mark.skipif(not arena.available(), reason="no writable /dev/shm")
+
+
+def _ours() -> set[str]:
+    return {n for n in os.listdir(arena.SHM_DIR) if n.startswith("pycollective-")}
+
+
+@pytest.mark.timeout(30)
+def test_segment_lives_as_long_as_a_mapping_not_the_name() -> None:
+    before = _ours()
+    seg = arena.Segment.create(arena.layout(2, 4096)[2])
+    assert stat.S_IMODE(os.stat(seg.path).st_mode) == 0o600
+    other = arena.Segment.attach(seg.name, seg.nbytes)
+    a0, a1 = arena.Arena(seg, 2, 0, 4096), arena.Arena(other, 2, 1, 4096)
+    a0.init_header()
+    a1.check_header()
+    seg.unlink()
+    assert _ours() == before  # the name is gone ...
+    a0.data[:5] = 7
+    assert list(a1.data[:5]) == [7] * 5  # ... the memory is still shared
+    with pytest.raises(FileNotFoundError):
+        arena.Segment.attach(seg.name, seg.nbytes)
+
+
+@pytest.mark.timeout(30)
+def test_attach_checks_name_size_and_layout() -> None:
+    seg = arena.Segment.create(arena.layout(2, 4096)[2])
+    try:
+        with pytest.raises(OSError):
+            arena.Segment.attach("../etc/passwd", 10)
+        with pytest.raises(OSError):
+            arena.Segment.attach(seg.name, seg.nbytes + 1)
+        arena.Arena(seg, 2, 0, 4096).init_header()
+        other = arena.Segment.attach(seg.name, seg.nbytes)
+        with pytest.raises(ValueError):
+            arena.Arena(other, 3, 1, 4096)  # too small for 3 ranks
+        with pytest.raises(ValueError):
+            arena.Arena(other, 1, 0, 4096).check_header()  # says 2 ranks
+    finally:
+        seg.unlink()
+
+
+def _create_and_die(conn) -> None:
+    seg = arena.Segment.create(4096)
+    conn.send(seg.name)  # synchronous, unlike a Queue's feeder thread
+    os._exit(0)  # dies without unlinking, as kill -9 would
+
+
+@pytest.mark.timeout(30)
+def test_sweep_removes_segments_of_dead_creators_only() -> None:
+    ctx = mp.get_context("fork")
+    reader, writer = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_create_and_die, args=(writer,))
+    proc.start()
+    assert reader.poll(10)
+    stale = reader.recv()
+    proc.join(10)
+    live = arena.Segment.create(4096)  # sweeps first: ours is alive and stays
+    try:
+        assert stale not in _ours()
+        assert live.name in _ours()
+        assert arena.sweep_stale() == []
+    finally:
+        live.unlink()
+
+
+@pytest.mark.timeout(30)
+def test_futex_times_out_and_wakes() -> None:
+    buf = np.zeros(2, np.int64)
+    addr = buf.ctypes.data
+    t0 = time.monotonic()
+    _futex.wait(addr, 0, 0.05)
+    assert 0.02 < time.monotonic() - t0 < 2.0
+    t0 = time.monotonic()
+    _futex.wait(addr, 5, 1.0)  # value differs: returns at once
+    assert time.monotonic() - t0 < 0.5
+    if not _futex.AVAILABLE:
+        return
+    woke = []
+
+    def sleeper() -> None:
+        t = time.monotonic()
+        _futex.wait(addr, 0, 5.0)
+        woke.append(time.monotonic() - t)
+
+    th = threading.Thread(target=sleeper)
+    th.start()
+    time.sleep(0.1)
+    buf[0] = 1
+    _futex.wake(addr)
+    th.join(5)
+    assert woke and woke[0] < 2.0
+
+
+def test_announcements_round_trip() -> None:
+    seg = arena.Segment.create(arena.layout(2, 4096)[2])
+    seg.unlink()
+    a = arena.Arena(seg, 2, 0, 4096)
+    b = arena.Arena(seg, 2, 1, 4096)
+    assert b.announced(0) is None
+    a.announce(5, 1, 2, 300, 1, 0, 9)
+    assert b.announced(0) == (5, 1, 2, 300, 1, 0, 9)
+    assert a.announced(1) is None
+
+
+def test_host_id_is_stable_and_overridable(monkeypatch) -> None:
+    assert _hostid.host_id() == _hostid.host_id()
+    assert len(_hostid.host_id()) == 16
+    mine = _hostid.host_id()
+    monkeypatch.setenv("PYCOLLECTIVE_HOST_ID", "elsewhere")
+    assert _hostid.host_id() != mine
+
+
+def test_shares_cover_the_chunk_on_cache_lines() -> None:
+    for m in (0, 1, 15, 16, 17, 1000, 4096):
+        for p in (1, 2, 3, 7):
+            cuts = collectives._shares(m, p, 4)
+            assert cuts[0] == 0 and cuts[-1] == m and list(cuts) == sorted(cuts)
+            assert all(c % 16 == 0 for c in cuts[:-1])
+
+
+# ---------------------------------------------------------------------- collectives, forked
+
+SLOT = 4096  # bytes: 1024 float32 per slot, so most counts below take many chunks
+COUNTS = (0, 1, 7, 1000, 1500, 3000, 9000)
+
+
+def _data(rank: int, n: int, dt) -> np.ndarray:
+    if np.dtype(dt) == np.bool_:
+        return (np.arange(n) + rank) % 3 == 0
+    return ((np.arange(n) * 7 + rank * 3) % 11 + 1).astype(dt)
+
+
+def _rank_main(name: str, nbytes: int, p: int, r: int, out) -> None:
+    try:
+        seg = arena.Segment.attach(name, nbytes)
+        a = arena.Arena(seg, p, r, SLOT)
+
+        def phase() -> None:
+            a.wait_all(a.bump(), lambda t: None)
+
+        for dt, op in ((np.float32, ReduceOp.SUM), (np.int64, ReduceOp.MAX),
+                       (np.bool_, ReduceOp.BOR), (np.float64, ReduceOp.PRODUCT)):
+            k = kernel(op, from_numpy(np.dtype(dt)))
+            ref = {ReduceOp.SUM: np.add, ReduceOp.MAX: np.maximum, ReduceOp.BOR: np.logical_or,
+                   ReduceOp.PRODUCT: np.multiply}[op]
+            for n in COUNTS:
+                every = [_data(q, n, dt) for q in range(p)]
+                want = every[0].copy()
+                for x in every[1:]:
+                    want = ref(want, x)
+                x = every[r].copy()
+                collectives.all_reduce(a, x, k, phase)
+                assert np.array_equal(x, want), ("all_reduce", dt, n)
+                for root in {0, p - 1}:
+                    x = every[r].copy()
+                    collectives.reduce(a, x, k, phase, root)
+                    assert np.array_equal(x, want if r == root else every[r]), ("reduce", n)
+                    x = every[r].copy()
+                    collectives.broadcast(a, x, phase, root)
+                    assert np.array_equal(x, every[root]), ("broadcast", dt, n)
+                out_g = np.zeros(n * p, dt)
+                collectives.all_gather(a, every[r], out_g, phase)
+                assert np.array_equal(out_g, np.concatenate(every)), ("all_gather", dt, n)
+                big = [np.concatenate([_data(q + b, n, dt) for b in range(p)]) for q in range(p)]
+                want_rs = big[0][r * n : (r + 1) * n].copy()
+                for q in range(1, p):
+                    want_rs = ref(want_rs, big[q][r * n : (r + 1) * n])
+                got = np.zeros(n, dt)
+                collectives.reduce_scatter(a, big[r], got, k, phase)
+                assert np.array_equal(got, want_rs), ("reduce_scatter", dt, n)
+                collectives.barrier(a, phase)
+        out.put((r, None))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        out.put((r, repr(exc)))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("p", [1, 2, 3, 5])
+def test_arena_collectives_match_numpy(p: int) -> None:
+    nbytes = arena.layout(p, SLOT)[2]
+    seg = arena.Segment.create(nbytes)
+    arena.Arena(seg, p, 0, SLOT).init_header()
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(seg.name, nbytes, p, r, out))
+             for r in range(p)]
+    try:
+        for proc in procs:
+            proc.start()
+        results = dict(out.get(timeout=100) for _ in range(p))
+    finally:
+        seg.unlink()
+        for proc in procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+    assert results == {r: None for r in range(p)}

@@ -1,0 +1,172 @@
+"""The shared-memory path in real jobs: the API battery with it forced (and with TCP
+forced), host identity deciding who shares memory, errors (a rank killed mid-collective,
+a rank that never comes, an arena call against a TCP call), and /dev/shm left clean on
+every exit path."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from tests._launch import REPO, RankResult, assert_all_ok, run_ranks
+
+from pycollective.shm import arena
+
+BATTERY = REPO / "tests" / "api" / "battery.py"
+WORKER = REPO / "tests" / "shm" / "_worker.py"
+
+pytestmark = pytest.mark.skipif(not arena.available(), reason="no writable /dev/shm")
+
+
+def _steps(r: RankResult) -> dict[str, dict]:
+    out = {}
+    for line in r.stdout.splitlines():
+        if line.startswith("RESULT "):
+            d = json.loads(line[len("RESULT "):])
+            out[d["step"]] = d
+    return out
+
+
+def _where(r: RankResult) -> str:
+    return f"rank {r.rank} exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2500:]}"
+
+
+def _no_segments_of(pids: list[int]) -> None:
+    """Every segment name carries its creator's pid: none of this job's may remain."""
+    left = [n for n in os.listdir(arena.SHM_DIR)
+            if n.startswith("pycollective-") and any(f"-{pid}-" in n for pid in pids)]
+    assert left == [], left
+
+
+def _job(nprocs: int, *args: str, env=None, per_rank_env=None, timeout: float = 60.0):
+    results = run_ranks(WORKER, nprocs, tuple(args), env=env, per_rank_env=per_rank_env,
+                        timeout=timeout)
+    steps = {r.rank: _steps(r) for r in results}
+    _no_segments_of([s["pid"]["pid"] for s in steps.values() if "pid" in s])
+    return results, steps
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_battery_with_shm_forced(world_size: int) -> None:
+    assert_all_ok(run_ranks(BATTERY, world_size, args=("--quick",), timeout=180,
+                            env={"PYCOLLECTIVE_TRANSPORT": "shm"}))
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_battery_with_tcp_forced(world_size: int) -> None:
+    assert_all_ok(run_ranks(BATTERY, world_size, args=("--quick",), timeout=180,
+                            env={"PYCOLLECTIVE_TRANSPORT": "tcp"}))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport,expect", [("auto", True), ("tcp", False), ("shm", True)])
+def test_one_host_uses_shm_unless_told_not_to(transport: str, expect: bool) -> None:
+    results, steps = _job(4, "info", env={"PYCOLLECTIVE_TRANSPORT": transport})
+    for r in results:
+        info = steps[r.rank]["info"]
+        assert r.returncode == 0 and info["ok"], _where(r)
+        assert info["shm"] is expect, _where(r)
+        assert ("shm" in info["algorithms"]) is expect
+        if r.rank % 2 == 0:
+            assert info["sub_shm"] is expect  # subgroups get an arena of their own
+
+
+@pytest.mark.timeout(60)
+def test_ranks_on_different_hosts_use_tcp() -> None:
+    # Ranks 0,1 on "host a" and 2,3 on "host b" (as network namespaces would be): the
+    # world spans hosts, so TCP; the subgroup {0, 2} too.
+    hosts = {r: {"PYCOLLECTIVE_HOST_ID": "a" if r < 2 else "b"} for r in range(4)}
+    results, steps = _job(4, "info", per_rank_env=hosts)
+    for r in results:
+        info = steps[r.rank]["info"]
+        assert r.returncode == 0 and info["ok"], _where(r)
+        assert info["shm"] is False and "shm" not in info["algorithms"]
+
+
+@pytest.mark.timeout(60)
+def test_shm_forced_across_hosts_fails_every_rank_clearly() -> None:
+    hosts = {r: {"PYCOLLECTIVE_HOST_ID": f"h{r}"} for r in range(2)}
+    results, steps = _job(2, "info", env={"PYCOLLECTIVE_TRANSPORT": "shm"}, per_rank_env=hosts)
+    for r in results:
+        init = steps[r.rank]["init"]
+        assert init["error"] in ("UsageError", "CollectiveError"), _where(r)
+        assert "not every rank is on this host" in init["msg"], _where(r)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("nprocs,victim,count", [(2, 1, 1 << 22), (3, 0, 1 << 20), (4, 2, 64)])
+def test_killed_rank_reaches_every_survivor_within_two_seconds(nprocs, victim, count) -> None:
+    results, steps = _job(nprocs, "kill", str(victim), str(count),
+                          env={"PYCOLLECTIVE_TIMEOUT": "60", "PYCOLLECTIVE_TRANSPORT": "shm"})
+    for r in results:
+        if r.rank == victim:
+            assert r.returncode == -9, _where(r)
+            continue
+        loop = steps[r.rank]["loop"]
+        assert loop["error"] in ("TransportError", "CollectiveError"), _where(r)
+        assert loop["elapsed"] < 2.0, _where(r)
+        assert f"rank {victim}" in loop["msg"], _where(r)
+        assert r.returncode == 0, _where(r)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_arena_call_against_tcp_call_is_a_mismatch_on_every_rank(nprocs: int) -> None:
+    results, steps = _job(nprocs, "mixed", env={"PYCOLLECTIVE_TIMEOUT": "20"})
+    for r in results:
+        s = steps[r.rank]
+        # A rank whose gather part is only a send may finish it (as over TCP alone): it
+        # hears at its next call.
+        first = s["call"] if s["call"]["error"] or r.rank < 2 else s["after"]
+        assert first["error"] == "MismatchError", _where(r)
+        assert "all_reduce(" in first["msg"] and "gather(" in first["msg"], _where(r)
+        assert first["elapsed"] < 5.0, _where(r)
+        assert s["after"]["error"] is not None, _where(r)
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_never_comes_times_out_the_others_naming_it() -> None:
+    timeout = 1.5
+    results, steps = _job(3, "never", env={"PYCOLLECTIVE_TIMEOUT": str(timeout)})
+    for r in results[:2]:
+        call = steps[r.rank]["call"]
+        assert call["error"] == "CollectiveTimeout", _where(r)
+        assert timeout - 0.1 <= call["elapsed"] < timeout + 1.0, _where(r)
+        assert 2 in call["waiting_on"], _where(r)
+
+
+@pytest.mark.timeout(60)
+def test_exception_exit_leaves_no_segment() -> None:
+    results, steps = _job(3, "raise")
+    assert all(r.returncode == 1 and "deliberate" in r.stderr for r in results)
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_through_the_launcher_leaves_no_segment() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pycollective", "run", "-n", "3", sys.executable, str(WORKER),
+         "hang"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )
+    pids, ready = [], 0
+    deadline = time.monotonic() + 40
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if '"step": "pid"' in line:
+            pids.append(json.loads(line.split("RESULT ", 1)[1])["pid"])
+        ready += "READY" in line
+        if ready == 3 or time.monotonic() > deadline:
+            break
+    assert ready == 3, proc.stderr.read() if proc.stderr else ""
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    _no_segments_of(pids)
