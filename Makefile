@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # mpirun and a real mpiexec.hydra.
 APT_PACKAGES := openmpi-bin libopenmpi-dev mpich
 
-.PHONY: setup system-deps test faults demo lint clean
+.PHONY: setup system-deps test faults demo bench lint clean
 
 setup: $(STAMP)
 
@@ -54,6 +54,12 @@ demo: setup
 		fi; \
 	fi
 	$(PY) examples/fashion_mnist/demo.py
+
+# nccl-tests style tables (shared memory, TCP, and torch's gloo side by side) and a plot.
+BENCH_ARGS ?= -n 2 -t shm,tcp,gloo
+bench: setup
+	$(PY) -m pycollective bench $(BENCH_ARGS) --json benchmarks/results/bench.json \
+		--plot benchmarks/results/bench.png
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("pycollective.launch", "start N ranks of a program with the torchrun environment"),
+    "bench": ("pycollective.bench", "time collectives x sizes x algorithms x transports"),
     "diagnose": (
         "pycollective.diagnose",
         "merge flight-recorder dumps and say which rank is behind, and where",
