@@ -46,20 +46,26 @@ class Engine:
     def run(self, job: Job) -> Any:
         """Run `job` in this thread after everything issued before it."""
         self.flush_p2p()
-        with self._cv:
-            while self._queue or self._running:
-                self._cv.wait()
-            if self._stopped:
-                raise UsageError("the process group was destroyed")
-            self._running = True
-            self._owner = threading.get_ident()
+        me = threading.get_ident()
+        entered = False
+        # The try starts before the state is set: a KeyboardInterrupt can land between any
+        # two calls (releasing the lock is one), and must not leave the engine marked busy
+        # for ever (destroy_process_group would then wait its full timeout).
         try:
+            with self._cv:
+                while self._queue or self._running:
+                    self._cv.wait()
+                if self._stopped:
+                    raise UsageError("the process group was destroyed")
+                self._owner = me
+                self._running = entered = True
             return job()
         finally:
-            with self._cv:
-                self._running = False
-                self._owner = None
-                self._cv.notify_all()
+            if entered:
+                with self._cv:
+                    self._running = False
+                    self._owner = None
+                    self._cv.notify_all()
 
     def submit(self, job: Job, work: Work) -> Work:
         """Run `job` on the worker thread after everything issued before it."""

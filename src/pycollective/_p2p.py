@@ -25,6 +25,7 @@ from .transport._wire import Header
 
 MAX_TAG = (1 << 31) - 1
 _MONITORED_BARRIER_TAG = MAX_TAG + 1  # outside the user's tag space
+_MONITORED_GRACE = 2.0  # seconds non-root ranks wait beyond the timeout for the root's verdict
 
 
 @dataclass(eq=False)
@@ -286,10 +287,12 @@ def monitored_barrier(
             )
         else:
             root = g.ranks[0]
+            # Wait a little past the root's deadline: at its timeout the root tells us who
+            # did not arrive, which is better news than our own "rank 0 never answered".
             transport.exchange(
                 [message(root, True)[0]],
                 [message(root, False)[1]],
-                deadline,
+                deadline + min(seconds, _MONITORED_GRACE),
                 g.group_id,
                 "monitored_barrier",
             )

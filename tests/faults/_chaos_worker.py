@@ -10,6 +10,7 @@ ends the loop with `INTERRUPTED {json}` and exit status 130.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import random
@@ -100,8 +101,10 @@ def main() -> None:
         sys.exit(1)
     except KeyboardInterrupt:
         out("INTERRUPTED", rank=RANK, at=time.time(), iterations=it)
+        faulthandler.dump_traceback_later(3.0)  # if destroy is slow, show where it waits
         t0 = time.monotonic()
         dist.destroy_process_group()
+        faulthandler.cancel_dump_traceback_later()
         out("DESTROYED", rank=RANK, seconds=time.monotonic() - t0)
         sys.exit(130)
 

@@ -53,6 +53,8 @@ DEFAULT_MAX_UNEXPECTED = 8 << 30  # bytes held for receives not yet posted
 # the abort notice saying why, instead of a hang-up that looks like this rank crashed.
 FINISH_BYTES = 64 << 20
 FINISH_SECONDS = 1.0
+CLOSE_LINGER = 0.25  # seconds close() waits for peers to hang up too (see _linger)
+_HISTORY = 16  # collectives per group remembered to describe a stale frame
 
 _ERROR_CODES: dict[type[CollectiveError], int] = {
     CollectiveError: 1,
@@ -157,7 +159,8 @@ class TCPTransport(Transport):
         # or stale frame from a mismatch; the group of the exchange in progress; PROBEs
         # from peers; and interrupt(), which wakes the selector from any thread.
         self._current: dict[int, Header] = {}
-        self._previous: dict[int, Header] = {}  # the one before, to describe a stale frame
+        # the last few collectives of each group, to describe what a stale frame met here
+        self._previous: dict[int, deque[Header]] = {}
         self._active: int | None = None
         self._probes: dict[tuple[int, int], Header] = {}  # (group, peer) -> its PROBE
         self._probed: dict[int, tuple[int, int]] = {}  # peer -> (group, seq) we last probed
@@ -270,6 +273,7 @@ class TCPTransport(Transport):
             except (KeyError, ValueError):
                 pass
             sock.close()
+        self._linger()
         for conn in self._conns.values():
             try:
                 self._sel.unregister(conn.sock)
@@ -281,6 +285,40 @@ class TCPTransport(Transport):
                 pass
         self._sel.close()
         self._unexpected.clear()
+
+    def _linger(self) -> None:
+        """Close gently, within CLOSE_LINGER seconds: send FIN, then read (and drop) what
+        peers still send until they close too. Closing a socket with unread data makes the
+        kernel send a reset, and a reset destroys what the peer has not read yet, such as
+        the abort notice that says why we are leaving."""
+        live = {c.sock: c for c in self._conns.values() if c.lost is None}
+        for sock, conn in list(live.items()):
+            try:
+                sock.shutdown(socket.SHUT_WR)
+                self._sel.modify(sock, selectors.EVENT_READ, conn)  # reading only, now
+            except (OSError, KeyError, ValueError):
+                del live[sock]
+        deadline = time.monotonic() + CLOSE_LINGER
+        while live:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                ready = [k.fileobj for k, _ in self._sel.select(remaining) if k.data is not None]
+            except OSError:
+                break
+            for sock in ready:
+                try:
+                    if not sock.recv(1 << 16):  # type: ignore[union-attr]
+                        raise OSError
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    live.pop(sock, None)  # type: ignore[arg-type]
+                    try:
+                        self._sel.unregister(sock)
+                    except (KeyError, ValueError):
+                        pass
 
     # ------------------------------------------------------------------ posting
 
@@ -307,7 +345,10 @@ class TCPTransport(Transport):
         if current is not None and current.seq == header.seq:
             return
         if current is not None:
-            self._previous[group] = current
+            history = self._previous.get(group)
+            if history is None:
+                history = self._previous[group] = deque(maxlen=_HISTORY)
+            history.append(current)
         self._current[group] = header
         for key, stashed in self._unexpected.items():
             if key[0] != _wire.DATA or key[1] != group or key[2] > header.seq:
@@ -740,11 +781,11 @@ class TCPTransport(Transport):
     def _stale(self, peer: int, got: Header, current: Header) -> None:
         """A frame of a collective this rank already finished without it: the ranks' calls
         differed. Name what this rank called then, if remembered, else what it runs now."""
-        before = self._previous.get(got.group)
-        if before is not None and before.seq == got.seq:
-            diffs = _wire.meta_differences(got, before)
-            if diffs:
-                self._mismatch(peer, got, before, diffs)
+        for before in self._previous.get(got.group, ()):
+            if before.seq == got.seq:
+                diffs = _wire.meta_differences(got, before)
+                if diffs:
+                    self._mismatch(peer, got, before, diffs)
         self._mismatch(peer, got, current, ["sequence number"])
 
     def _mismatch(self, peer: int, got: Header, want: Header, diffs: list[str]) -> None:
