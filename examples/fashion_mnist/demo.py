@@ -38,7 +38,9 @@ def run(mode: str, launch: list[str], args: argparse.Namespace) -> dict:
         train += ["--data-dir", args.data_dir]
     py = sys.executable
     cmd = [py, *train] if not launch else [py, "-m", "pycollective", "run", *launch, py, *train]
-    env = dict(os.environ, PYCOLLECTIVE_TRANSPORT="tcp", OMP_NUM_THREADS="1")
+    # ring: the algorithm the comparison is about (auto may pick another for small sizes)
+    env = dict(os.environ, PYCOLLECTIVE_TRANSPORT="tcp", PYCOLLECTIVE_ALL_REDUCE_ALGORITHM="ring",
+               OMP_NUM_THREADS="1")
     subprocess.run(cmd, check=True, env=env)
     return json.loads(metrics.read_text())
 

@@ -28,7 +28,9 @@ def one(model: str, mode: str, workers: int, steps: int, out: Path) -> dict:
            "--mode", mode, "--model", model, "--batch", str(32 * workers),
            "--steps", str(steps), "--eval-every", "1e9", "--no-progress",
            "--metrics", str(metrics)]  # fmt: skip
-    env = dict(os.environ, PYCOLLECTIVE_TRANSPORT="tcp", OMP_NUM_THREADS="1")
+    # ring: the algorithm the comparison is about (auto may pick another for small sizes)
+    env = dict(os.environ, PYCOLLECTIVE_TRANSPORT="tcp", PYCOLLECTIVE_ALL_REDUCE_ALGORITHM="ring",
+               OMP_NUM_THREADS="1")
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
     return json.loads(metrics.read_text())
 
