@@ -18,10 +18,11 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
 import torch.distributed as tdist
 
-from .. import _api, _p2p, _state, _traffic
+import torch
+
+from .. import _api, _launch_env, _p2p, _state, _traffic
 from .._errors import UsageError
 from .._group import ProcessGroup as _OurGroup
 from .._group import World, group_id_for
@@ -111,8 +112,10 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
         seconds = _state._timeout_seconds(seconds if seconds and seconds > 0 else None)
         adapter = _state._TorchStoreAdapter(store, "", "torch's c10d store")
+        master_addr, multi_node = _where()
         self._world: World = _state.connect_world(
-            rank, size, adapter, seconds, f"pycollective-backend/{next(_instances)}"
+            rank, size, adapter, seconds, f"pycollective-backend/{next(_instances)}",
+            master_addr=master_addr, multi_node=multi_node,
         )
         self._world.owns_store = False  # torch owns its store
         ranks = tuple(range(size))
@@ -391,6 +394,17 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         t = staged.out(self._one(tensors, "recv"), "recv tensor")
         work = _p2p.irecv(t, None, group=self._pg, tag=tag)
         return self._work([work], staged.finish(), tensors)
+
+def _where() -> tuple[str | None, bool]:
+    """Where rank 0 is and whether the job spans hosts (from the launcher's environment):
+    a single-host job listens on loopback only, a multi-host one on the interface that
+    routes to MASTER_ADDR."""
+    try:
+        env = _launch_env.detect()
+    except UsageError:
+        return None, False
+    return env.master_addr, env.multi_node
+
 
 def create_backend(
     store: Any, rank: int, size: int, timeout: datetime.timedelta
