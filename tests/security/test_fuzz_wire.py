@@ -33,7 +33,7 @@ from pycollective import _auth
 from pycollective._errors import AuthenticationError, CollectiveError
 from pycollective.store import TCPStore, TCPStoreServer
 from pycollective.store import _wire as store_wire
-from pycollective.transport import _wire
+from pycollective.transport import _wire, tcp
 from pycollective.transport._base import InMessage, OutMessage
 from pycollective.transport.tcp import _HELLO, _PURPOSE, TCPTransport, _accept_peer
 
@@ -185,6 +185,14 @@ def test_store_client_refuses_bad_responses(data: bytes) -> None:
 
 
 # ---------------------------------------------------------------------- transport fuzzing
+
+
+@pytest.fixture(autouse=True)
+def _no_linger(monkeypatch):
+    """Transports here close one after the other in one thread: none would ever see its
+    peer hang up while it lingers, so each close would wait the whole linger for nothing."""
+    monkeypatch.setattr(tcp, "CLOSE_LINGER", 0.0)
+
 
 _HDR = struct.Struct("<2sBBBBBBIQIiQQ")  # transport/_wire.py's header layout
 EXPECT = _wire.Header(_wire.DATA, 1, 2, 0, 1, 1, 0, 0, 0, 4, 16)  # group 1, #0, 4 x float32

@@ -155,6 +155,7 @@ class TCPTransport(Transport):
         self._aborted: dict[int, CollectiveError] = {}  # group id -> the error a peer reported
         self._abort_seq: dict[int, int] = {}  # group id -> the collective that failed
         self._closed = False
+        self._sent_abort = False  # close() lingers so that the notice is read (_linger)
         # Error paths: the collective each group runs (or last ran), to tell a peer's early
         # or stale frame from a mismatch; the group of the exchange in progress; PROBEs
         # from peers; and interrupt(), which wakes the selector from any thread.
@@ -246,6 +247,7 @@ class TCPTransport(Transport):
             _wire.ABORT, _error_code(error), 0, 0, 0, group, seq, 0, culprit, 0, len(reason)
         )
         frame = header.pack() + reason
+        self._sent_abort = True
         for peer in peers:
             conn = self._conns.get(peer)
             if conn is None or conn.lost is not None:
@@ -273,7 +275,8 @@ class TCPTransport(Transport):
             except (KeyError, ValueError):
                 pass
             sock.close()
-        self._linger()
+        # Linger only after telling peers why we fail: then the notice must reach them.
+        self._linger(CLOSE_LINGER if self._sent_abort else 0.0)
         for conn in self._conns.values():
             try:
                 self._sel.unregister(conn.sock)
@@ -286,11 +289,11 @@ class TCPTransport(Transport):
         self._sel.close()
         self._unexpected.clear()
 
-    def _linger(self) -> None:
-        """Close gently, within CLOSE_LINGER seconds: send FIN, then read (and drop) what
-        peers still send until they close too. Closing a socket with unread data makes the
-        kernel send a reset, and a reset destroys what the peer has not read yet, such as
-        the abort notice that says why we are leaving."""
+    def _linger(self, seconds: float) -> None:
+        """Close gently, within `seconds`: send FIN, then read (and drop) what peers still
+        send until they close too. Closing a socket with unread data makes the kernel send
+        a reset, and a reset destroys what the peer has not read yet, such as the abort
+        notice that says why we are leaving."""
         live = {c.sock: c for c in self._conns.values() if c.lost is None}
         for sock, conn in list(live.items()):
             try:
@@ -298,11 +301,9 @@ class TCPTransport(Transport):
                 self._sel.modify(sock, selectors.EVENT_READ, conn)  # reading only, now
             except (OSError, KeyError, ValueError):
                 del live[sock]
-        deadline = time.monotonic() + CLOSE_LINGER
+        deadline = time.monotonic() + seconds
         while live:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
+            remaining = max(0.0, deadline - time.monotonic())
             try:
                 ready = [k.fileobj for k, _ in self._sel.select(remaining) if k.data is not None]
             except OSError:
@@ -319,6 +320,8 @@ class TCPTransport(Transport):
                         self._sel.unregister(sock)
                     except (KeyError, ValueError):
                         pass
+            if remaining <= 0:
+                break  # one last pass over what had arrived, then go
 
     # ------------------------------------------------------------------ posting
 
