@@ -320,6 +320,8 @@ class ProcessGroup:
 
         def job() -> None:
             self.check_usable()
+            if self._shm_known:
+                return  # another thread's first call got here first
             try:
                 self.shm = _shm.setup(
                     self.ranks, self._rank, self.group_id, world.transport,

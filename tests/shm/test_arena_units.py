@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from pycollective._dtypes import from_numpy
-from pycollective._reduce_ops import ReduceOp, kernel
+from pycollective._reduce_ops import ReduceOp
 from pycollective.shm import _futex, _hostid, arena, collectives
 
 pytestmark = pytest.mark.skipif(not arena.available(), reason="no writable /dev/shm")
@@ -160,7 +160,7 @@ def _rank_main(name: str, nbytes: int, p: int, r: int, out) -> None:
 
         for dt, op in ((np.float32, ReduceOp.SUM), (np.int64, ReduceOp.MAX),
                        (np.bool_, ReduceOp.BOR), (np.float64, ReduceOp.PRODUCT)):
-            k = kernel(op, from_numpy(np.dtype(dt)))
+            k = collectives.reducer(op, from_numpy(np.dtype(dt)))
             ref = {ReduceOp.SUM: np.add, ReduceOp.MAX: np.maximum, ReduceOp.BOR: np.logical_or,
                    ReduceOp.PRODUCT: np.multiply}[op]
             for n in COUNTS:

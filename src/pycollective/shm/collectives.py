@@ -19,14 +19,44 @@ Every rank runs the same number of phases for the same call, whatever its role.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
-from .._reduce_ops import Kernel
+from .._dtypes import BFLOAT16, DType
+from .._reduce_ops import _BOOL_UFUNC, _UFUNC, Kernel, ReduceOp, kernel
 from .arena import Arena
 
 Phase = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class Reducer:
+    """`inplace(dst, src)`: dst = op(dst, src); `into(out, a, b)`: out = op(a, b), which
+    saves copying a rank's own share into the arena before reducing it."""
+
+    inplace: Kernel
+    into: Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+
+
+@lru_cache(maxsize=256)
+def reducer(op: ReduceOp, dtype: DType) -> Reducer:
+    inplace = kernel(op, dtype)
+    ufunc = (_BOOL_UFUNC if dtype.kind == "b" else _UFUNC)[op]
+    if dtype is BFLOAT16 and dtype.numpy == np.dtype(np.uint16):  # raw bits: no ufunc
+
+        def into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+            out[...] = a
+            inplace(out, b)
+
+    else:
+
+        def into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+            with np.errstate(all="ignore"):  # overflow is the caller's data, as in torch
+                ufunc(a, b, out=out)
+
+    return Reducer(inplace, into)
 
 # Below this many bytes, all_reduce/reduce use the one-phase path (each rank reduces the
 # whole payload itself): two phases cost more than p small reductions.
@@ -42,19 +72,21 @@ def _shares(m: int, p: int, itemsize: int) -> tuple[int, ...]:
     return (*cuts, m)
 
 
-def all_reduce(arena: Arena, data: np.ndarray, kernel: Kernel, phase: Phase) -> None:
-    _reduce(arena, data, kernel, phase, root=None)
+def all_reduce(arena: Arena, data: np.ndarray, red: Reducer, phase: Phase) -> None:
+    _reduce(arena, data, red, phase, root=None)
 
 
-def reduce(arena: Arena, data: np.ndarray, kernel: Kernel, phase: Phase, root: int) -> None:
+def reduce(arena: Arena, data: np.ndarray, red: Reducer, phase: Phase, root: int) -> None:
     """Only `root`'s data changes; the others' may be read-only."""
-    _reduce(arena, data, kernel, phase, root=root)
+    _reduce(arena, data, red, phase, root=root)
 
 
 def _reduce(
-    arena: Arena, data: np.ndarray, kernel: Kernel, phase: Phase, root: int | None
+    arena: Arena, data: np.ndarray, red: Reducer, phase: Phase, root: int | None
 ) -> None:
     p, r, n = arena.size, arena.rank, data.size
+    if p == 1:
+        return  # one rank: its data is the result
     typed = arena.typed(data.dtype)
     per = arena.slot_bytes // data.itemsize
     if n * data.itemsize <= min(SMALL_BYTES, arena.slot_bytes):
@@ -62,9 +94,9 @@ def _reduce(
         arena.slot(typed, h, r)[:n] = data
         phase()
         if root is None or root == r:
-            data[:] = arena.slot(typed, h, 0)[:n]
-            for q in range(1, p):
-                kernel(data, arena.slot(typed, h, q)[:n])
+            red.into(data, arena.slot(typed, h, 0)[:n], arena.slot(typed, h, 1)[:n])
+            for q in range(2, p):
+                red.inplace(data, arena.slot(typed, h, q)[:n])
         return
     for lo in range(0, n, per):
         m = min(per, n - lo)
@@ -73,14 +105,15 @@ def _reduce(
         slots = [arena.slot(typed, h, q) for q in range(p)]
         cuts = _shares(m, p, data.itemsize)
         mine = slots[r]
-        mine[:m] = chunk
-        phase()
         a, b = cuts[r], cuts[r + 1]
+        mine[:a] = chunk[:a]  # the others' shares; ours is reduced straight from `chunk`
+        mine[b:m] = chunk[b:m]
+        phase()
         if b > a:
-            out = mine[a:b]
-            for q in range(p):
-                if q != r:
-                    kernel(out, slots[q][a:b])
+            others = [q for q in range(p) if q != r]
+            red.into(mine[a:b], chunk[a:b], slots[others[0]][a:b])
+            for q in others[1:]:
+                red.inplace(mine[a:b], slots[q][a:b])
         phase()
         if root is None or root == r:
             for q in range(p):
@@ -121,13 +154,15 @@ def all_gather(arena: Arena, inp: np.ndarray, out: np.ndarray, phase: Phase) -> 
 
 
 def reduce_scatter(
-    arena: Arena, inp: np.ndarray, out: np.ndarray, kernel: Kernel, phase: Phase
+    arena: Arena, inp: np.ndarray, out: np.ndarray, red: Reducer, phase: Phase
 ) -> None:
     """`inp` holds p blocks of out.size elements; rank r gets the reduction of block r."""
     p, r, n = arena.size, arena.rank, out.size
     typed = arena.typed(out.dtype)
     per = max(1, arena.slot_bytes // out.itemsize // p)
-    out[:] = inp[r * n : (r + 1) * n]
+    if p == 1:
+        out[:] = inp
+        return
     for lo in range(0, max(n, 1), per):
         m = min(per, n - lo)
         h = arena.flip()
@@ -137,9 +172,10 @@ def reduce_scatter(
                 mine[b * m : (b + 1) * m] = inp[b * n + lo : b * n + lo + m]
         phase()
         dst = out[lo : lo + m]
-        for q in range(p):
-            if q != r:
-                kernel(dst, arena.slot(typed, h, q)[r * m : (r + 1) * m])
+        others = [arena.slot(typed, h, q)[r * m : (r + 1) * m] for q in range(p) if q != r]
+        red.into(dst, inp[r * n + lo : r * n + lo + m], others[0])
+        for src in others[1:]:
+            red.inplace(dst, src)
 
 
 def barrier(arena: Arena, phase: Phase) -> None:

@@ -28,7 +28,7 @@ import numpy as np
 from .._dtypes import BYTE, DType
 from .._errors import CollectiveError, CollectiveTimeout, MismatchError, TransportError, UsageError
 from .._executor import ScratchPool, run_schedule
-from .._reduce_ops import Kernel
+from .._reduce_ops import Kernel, ReduceOp
 from ..schedule import build as build_schedule
 from ..transport import _wire
 from ..transport._base import Transport
@@ -146,17 +146,18 @@ class LocalGroup:
                     self._check_peer(q, header, target)
 
         root = header.root
+        red = _coll.reducer(ReduceOp(header.op), dtype) if kernel is not None else None
         if collective == "all_reduce":
-            _coll.all_reduce(arena, arrays["data"], kernel, phase)  # type: ignore[arg-type]
+            _coll.all_reduce(arena, arrays["data"], red, phase)  # type: ignore[arg-type]
         elif collective == "reduce":
-            _coll.reduce(arena, arrays["data"], kernel, phase, root)  # type: ignore[arg-type]
+            _coll.reduce(arena, arrays["data"], red, phase, root)  # type: ignore[arg-type]
         elif collective == "broadcast":
             _coll.broadcast(arena, arrays["data"], phase, root)
         elif collective == "all_gather":
             _coll.all_gather(arena, arrays["input"], arrays["output"], phase)
         elif collective == "reduce_scatter":
             _coll.reduce_scatter(
-                arena, arrays["input"], arrays["output"], kernel, phase  # type: ignore[arg-type]
+                arena, arrays["input"], arrays["output"], red, phase  # type: ignore[arg-type]
             )
         elif collective == "barrier":
             _coll.barrier(arena, phase)
