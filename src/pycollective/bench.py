@@ -1,9 +1,10 @@
 """`pycollective bench`: nccl-tests style tables of collectives x sizes x algorithms x
 transports, measured by real ranks on this host.
 
-For each transport (shm, tcp; gloo, i.e. torch.distributed's gloo backend, for
-comparison), it starts N ranks (_bench_worker.py) with the torchrun environment and
-PYCOLLECTIVE_TRANSPORT set, collects what rank 0 reports, and prints per collective
+It starts N ranks (_bench_worker.py) with the torchrun environment; in them, every
+transport asked for (shm, tcp; gloo, i.e. torch.distributed's gloo backend, for
+comparison) runs each size in turns, repetition by repetition, so that the load of a
+shared machine falls on all alike. It collects what rank 0 reports and prints
 
     size  count  transport  algorithm  time(us)  algbw(GB/s)  busbw(GB/s)
 
@@ -77,11 +78,12 @@ def _free_port() -> int:
     raise RuntimeError("no free port in 20000-32000")
 
 
-def run_job(nprocs: int, transport: str, spec: dict, timeout: float) -> list[dict]:
-    """Start the ranks of one transport; return rank 0's records (raises on failure)."""
+def run_job(nprocs: int, spec: dict, timeout: float) -> list[dict]:
+    """Start the ranks; return rank 0's records (raises on failure)."""
     port = _free_port()
     procs = []
-    spec = dict(spec, transport=transport)
+    transports = spec["transports"]
+    spec = dict(spec, gloo_port=_free_port() if "gloo" in transports else 0)
     for rank in range(nprocs):
         env = dict(os.environ)
         for key in ("PYCOLLECTIVE_STORE_HOSTED", "TORCHELASTIC_USE_AGENT_STORE"):
@@ -91,8 +93,8 @@ def run_job(nprocs: int, transport: str, spec: dict, timeout: float) -> list[dic
             LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
             PYTHONUNBUFFERED="1",
         )
-        if transport != "gloo":
-            env["PYCOLLECTIVE_TRANSPORT"] = transport
+        # The default group is the shm one (required), unless only tcp is asked for.
+        env["PYCOLLECTIVE_TRANSPORT"] = "shm" if "shm" in transports else "tcp"
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "pycollective._bench_worker", json.dumps(spec)],
             env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
@@ -108,7 +110,7 @@ def run_job(nprocs: int, transport: str, spec: dict, timeout: float) -> list[dic
                 records.append(rec)
                 print(_row(rec), flush=True)
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{transport} job took longer than {timeout:.0f} s")
+                raise TimeoutError(f"the job took longer than {timeout:.0f} s")
         for p in procs:
             p.wait(timeout=max(1.0, deadline - time.monotonic()))
     finally:
@@ -120,7 +122,7 @@ def run_job(nprocs: int, transport: str, spec: dict, timeout: float) -> list[dic
     if bad:
         rank, p = bad[0]
         tail = (p.stderr.read() if p.stderr else "")[-2000:]
-        raise RuntimeError(f"{transport}: rank {rank} exited with {p.returncode}:\n{tail}")
+        raise RuntimeError(f"rank {rank} exited with {p.returncode}:\n{tail}")
     return records
 
 
@@ -223,7 +225,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-reps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--budget", type=float, default=1.0,
-                        help="seconds of timed repetitions per size (default 1)")
+                        help="seconds of timed repetitions per size, all variants (default 1)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="per transport job")
     parser.add_argument("--json", metavar="FILE", help="write every record as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="plot busbw against size")
@@ -244,7 +246,7 @@ def main(args: argparse.Namespace) -> int:
         "collectives": colls, "algorithms": args.algorithms.split(","),
         "sizes": sizes(args.min_bytes, args.max_bytes, args.factor), "dtype": args.dtype,
         "reps": args.reps, "min_reps": args.min_reps, "warmup": max(1, args.warmup),
-        "budget": args.budget,
+        "budget": args.budget, "transports": transports,
     }
     print(f"# pycollective bench: {args.nprocs} ranks, {args.dtype}, "
           f"{human(spec['sizes'][0])} .. {human(spec['sizes'][-1])}, median of up to "
@@ -252,12 +254,11 @@ def main(args: argparse.Namespace) -> int:
     print(_HEADER, flush=True)
     records: list[dict] = []
     status = 0
-    for transport in transports:
-        try:
-            records += run_job(args.nprocs, transport, spec, args.timeout)
-        except (RuntimeError, TimeoutError, OSError) as exc:
-            print(f"pycollective bench: {exc}", file=sys.stderr)
-            status = 1
+    try:
+        records = run_job(args.nprocs, spec, args.timeout)
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        print(f"pycollective bench: {exc}", file=sys.stderr)
+        status = 1
     for line in summary(records):
         print(line)
     if args.json:
