@@ -22,6 +22,7 @@ import os
 import time
 import zlib
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 
@@ -91,8 +92,12 @@ class LocalGroup:
         """Raise MismatchError if peer q is in a different call than ours. Peers announce
         before entering a phase and may move on right after it, so what q announced is
         judged together with where its counter is (read after the announcement)."""
-        theirs = self._theirs(q, mine)
-        arrived = self.arena.epoch_of(q) >= target  # type: ignore[union-attr]
+        arena = self.arena
+        ann = arena.announced(q)  # type: ignore[union-attr]
+        arrived = arena.epoch_of(q) >= target  # type: ignore[union-attr]
+        if ann is not None and ann == _announcement(mine):
+            return  # the common case, without building headers
+        theirs = self._theirs(q, mine) if ann is not None else None
         if theirs is None or (arrived and theirs.seq != mine.seq):
             # Arrived: it announced ours before entering the phase; a later seq means it
             # checked ours and moved on, an earlier one that we read before it announced.
@@ -146,7 +151,7 @@ class LocalGroup:
                     self._check_peer(q, header, target)
 
         root = header.root
-        red = _coll.reducer(ReduceOp(header.op), dtype) if kernel is not None else None
+        red = _reducer(header.op, dtype) if kernel is not None else None
         if collective == "all_reduce":
             _coll.all_reduce(arena, arrays["data"], red, phase)  # type: ignore[arg-type]
         elif collective == "reduce":
@@ -164,7 +169,7 @@ class LocalGroup:
         else:  # pragma: no cover - callers check COLLECTIVES
             raise UsageError(f"{collective} has no shared-memory algorithm")
 
-    def _poller(self, header: Header, deadline: float, label: str):
+    def _poller(self, header: Header, deadline: float, label: str, check_calls: bool = True):
         arena = self.arena
         assert arena is not None  # noqa: S101 - only called with an arena
         transport = self.transport
@@ -172,8 +177,9 @@ class LocalGroup:
 
         def poll(target: int) -> None:
             lagging = arena.lagging(target)
-            for q in lagging:
-                self._check_peer(q, header, target)
+            if check_calls:
+                for q in lagging:
+                    self._check_peer(q, header, target)
             if transport is not None:
                 transport.check_group(self.group_id, header.seq)
                 lost = transport.lost_peers()
@@ -192,6 +198,15 @@ class LocalGroup:
                 )
 
         return poll
+
+
+def _announcement(h: Header) -> tuple[int, int, int, int, int, int, int]:
+    return (h.seq, h.kind, h.dtype, h.count, h.root, h.op, h.algo)
+
+
+@lru_cache(maxsize=256)
+def _reducer(op: int, dtype: DType) -> _coll.Reducer:
+    return _coll.reducer(ReduceOp(op), dtype)
 
 
 def _run_alone(collective: str, arrays: dict[str, np.ndarray]) -> None:
@@ -296,8 +311,11 @@ def _setup(
             arena.check_header()
         group = LocalGroup(arena, ranks, group_id, transport)
         # Every member has mapped it once all pass this phase: then the name can go.
+        # No call checks here: the exchange above already agreed on the call, and a peer
+        # that passes this phase may at once announce the group's first call, whose
+        # sequence number (0) is the set-up's too.
         poll = LocalGroup(arena, ranks, header.group, transport)._poller(
-            header, deadline, "shm-setup"
+            header, deadline, "shm-setup", check_calls=False
         )
         arena.wait_all(arena.bump(), poll)
         return group
