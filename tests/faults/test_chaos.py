@@ -10,7 +10,7 @@ from tests.faults._chaos import kill_run, sigint_run
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize(
     "nprocs,seed,delay,victim",
-    [(3, 11, 0.2, 1), (4, 12, 0.6, 0), (4, 13, 0.05, 3)],
+    [(3, 11, 0.2, 1), (4, 13, 0.05, 3)],
 )
 def test_kill_9_reaches_every_survivor_and_the_launcher_names_the_rank(
     nprocs: int, seed: int, delay: float, victim: int

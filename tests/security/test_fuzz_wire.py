@@ -2,8 +2,8 @@
 oversized lengths: nothing crashes, memory stays bounded, and a job running beside the
 fuzzer keeps giving correct results.
 
-The number of inputs per test is PYCOLLECTIVE_FUZZ_EXAMPLES (default 150; `make faults`
-runs 2,000 per test, over 10,000 in all). The store tests fuzz the store server of a real
+The number of inputs per test is PYCOLLECTIVE_FUZZ_EXAMPLES (default 100; `make faults`
+runs 2,000 per test, 12,000 in all). The store tests fuzz the store server of a real
 2-rank job that loops all_reduce and store operations the whole time (the `side_job`
 fixture); the transport tests fuzz one peer's connection of an in-process transport while
 its other peer, in another group, keeps exchanging checked data with it. A real job's
@@ -37,7 +37,7 @@ from pycollective.transport import _wire, tcp
 from pycollective.transport._base import InMessage, OutMessage
 from pycollective.transport.tcp import _HELLO, _PURPOSE, TCPTransport, _accept_peer
 
-EXAMPLES = int(os.environ.get("PYCOLLECTIVE_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("PYCOLLECTIVE_FUZZ_EXAMPLES", "100"))
 SECRET = b"fuzz-secret-" + os.urandom(8).hex().encode()
 FUZZ = settings(
     max_examples=EXAMPLES,

@@ -40,7 +40,7 @@ def safe():
     _serialize.use(None)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_values)
 def test_safe_format_round_trips_plain_values(value) -> None:
     _serialize.use("safe")
@@ -116,7 +116,7 @@ def test_malformed_payloads_are_errors_not_allocations(payload: bytes) -> None:
         _serialize.loads(_serialize.MAGIC + payload)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=64))
 def test_any_bytes_after_the_magic_decode_or_raise_cleanly(data: bytes) -> None:
     try:
