@@ -81,8 +81,9 @@ class LocalGroup:
             h = header
             self.arena.announce(h.seq, h.kind, h.dtype, h.count, h.root, h.op, h.algo)
 
-    def _theirs(self, q: int, like: Header) -> Header | None:
-        ann = self.arena.announced(q)  # type: ignore[union-attr]
+    def _theirs(self, q: int, like: Header, ann: tuple | None = None) -> Header | None:
+        if ann is None:
+            ann = self.arena.announced(q)  # type: ignore[union-attr]
         if ann is None:
             return None
         seq, kind, dtype, count, root, op, algo = ann
@@ -94,10 +95,10 @@ class LocalGroup:
         judged together with where its counter is (read after the announcement)."""
         arena = self.arena
         ann = arena.announced(q)  # type: ignore[union-attr]
-        arrived = arena.epoch_of(q) >= target  # type: ignore[union-attr]
-        if ann is not None and ann == _announcement(mine):
-            return  # the common case, without building headers
-        theirs = self._theirs(q, mine) if ann is not None else None
+        arrived = arena.epoch_of(q) >= target  # type: ignore[union-attr]  # read after `ann`
+        if ann is None or ann == _announcement(mine):
+            return  # nothing yet, or the common case: the same call
+        theirs = self._theirs(q, mine, ann)  # from `ann`: a fresh read could be newer
         if theirs is None or (arrived and theirs.seq != mine.seq):
             # Arrived: it announced ours before entering the phase; a later seq means it
             # checked ours and moved on, an earlier one that we read before it announced.
