@@ -215,3 +215,34 @@ def test_arena_collectives_match_numpy(p: int) -> None:
             if proc.is_alive():
                 proc.kill()
     assert results == {r: None for r in range(p)}
+
+
+def test_peer_announcements_judged_with_its_counter() -> None:
+    """A peer that announced a later call is fine if it already passed our phase (it
+    checked us and moved on), a mismatch if it did not; an earlier call is fine while it
+    has not arrived; the same call with other metadata is always a mismatch."""
+    from pycollective._errors import MismatchError
+    from pycollective.shm.local import LocalGroup
+    from pycollective.transport._wire import DATA, Header
+
+    seg = arena.Segment.create(arena.layout(2, 4096)[2])
+    seg.unlink()
+    me, peer = arena.Arena(seg, 2, 0, 4096), arena.Arena(seg, 2, 1, 4096)
+    group = LocalGroup(me, (0, 1), 7, None)
+    mine = Header(DATA, 1, 2, 0, 3, 7, 10, 0, 0, 100, 0)
+    me.announce(10, 1, 2, 100, 0, 0, 3)
+    target = me.bump()
+
+    peer.announce(11, 2, 2, 100, 0, 0, 3)  # later call, not arrived: it skipped ours
+    with pytest.raises(MismatchError, match="sequence number"):
+        group._check_peer(1, mine, target)
+    peer.bump()  # ... but once it has passed our phase, it checked us and moved on
+    group._check_peer(1, mine, target)
+
+    peer.announce(9, 1, 2, 100, 0, 0, 3)  # earlier call, not arrived: not there yet
+    group._check_peer(1, mine, target + 1)
+    peer.announce(10, 1, 2, 101, 0, 0, 3)  # same call, another count
+    with pytest.raises(MismatchError, match="count"):
+        group._check_peer(1, mine, target + 1)
+    peer.announce(10, 1, 2, 100, 0, 0, 3)
+    group._check_peer(1, mine, target + 1)
