@@ -3,30 +3,15 @@
 from __future__ import annotations
 
 import os
-import random
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pycollective._netutil import free_port
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    """A free port below the kernel's ephemeral range (32768+), so the listeners that ranks
-    open on port 0 cannot take it between this check and rank 0 binding it."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-32000")
 
 
 @dataclass

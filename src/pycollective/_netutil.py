@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import ipaddress
 import os
+import random
 import socket
 import struct
 
@@ -57,3 +58,18 @@ def listen_address(master_addr: str, multi_node: bool) -> tuple[str, str]:
         return "127.0.0.1", "127.0.0.1"
     addr = address_towards(master_addr)
     return addr, addr
+
+
+def free_port() -> int:
+    """A free loopback port below the kernel's ephemeral range (32768+), so listeners that
+    bind port 0 cannot take it between this check and its use (e.g. as MASTER_PORT)."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32000")

@@ -20,12 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+
+from ._netutil import free_port
 
 HELP = "time collectives x sizes x algorithms x transports (nccl-tests style)"
 
@@ -64,26 +64,12 @@ def human(nbytes: float) -> str:
     return f"{int(nbytes)} B"
 
 
-def _free_port() -> int:
-    """A free port below the kernel's ephemeral range, so port-0 listeners cannot take it."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-32000")
-
-
 def run_job(nprocs: int, spec: dict, timeout: float) -> list[dict]:
     """Start the ranks; return rank 0's records (raises on failure)."""
-    port = _free_port()
+    port = free_port()
     procs = []
     transports = spec["transports"]
-    spec = dict(spec, gloo_port=_free_port() if "gloo" in transports else 0)
+    spec = dict(spec, gloo_port=free_port() if "gloo" in transports else 0)
     for rank in range(nprocs):
         env = dict(os.environ)
         for key in ("PYCOLLECTIVE_STORE_HOSTED", "TORCHELASTIC_USE_AGENT_STORE"):

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from pycollective._netutil import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 BATTERY = REPO / "tests" / "api" / "battery.py"
 PYTHON = sys.executable
@@ -151,12 +153,6 @@ def assert_ranks_passed(results: list[tuple[int, str, str]]) -> None:
         assert code == 0 and f"rank {rank}: " in out and " 0 failures" in out, (
             f"rank {rank} exit {code}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
         )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- torchrun ---------------------------------------------------------------------------------
