@@ -65,7 +65,8 @@ __version__ = "0.1.0"
 def algorithms(collective: str, group: ProcessGroup | None = None) -> list[str]:
     """The algorithm names `collective` accepts as `algorithm=`, "auto" first. "shm" is
     listed when `group` (default: the default group, once initialized) runs over shared
-    memory, i.e. every member is on this host (see shm/)."""
+    memory, i.e. every member is on this host (see shm/); "hierarchical" (all_reduce) when
+    its members are on several hosts (it is accepted as `algorithm=` on any group)."""
     try:
         names = ["auto", *_schedule.ALGORITHMS[collective]]
     except KeyError:
@@ -78,6 +79,9 @@ def algorithms(collective: str, group: ProcessGroup | None = None) -> list[str]:
     g = group if group is not None else _default
     if g is not None and g.shm is not None and collective in COLLECTIVES:
         names.append(ALGORITHM)
+    hier = getattr(g, "hierarchy", None)
+    if collective == "all_reduce" and hier is not None and len(hier.layout.hosts) > 1:
+        names.append("hierarchical")  # the group spans hosts (see _hierarchy.py)
     return names
 
 

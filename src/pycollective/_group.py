@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _hierarchy as _hier
 from . import _tuning, schedule
 from ._dtypes import DType
 from ._engine import Engine
@@ -38,6 +39,7 @@ log = logging.getLogger("pycollective")
 # Every algorithm name gets a one-byte code for the frame header.
 _ALGO_NAMES = sorted({a for algos in schedule.ALGORITHMS.values() for a in algos} | {"p2p"})
 _ALGO_NAMES += [_shm.ALGORITHM, _shm.SETUP_ALGORITHM]  # appended: existing codes stay
+_ALGO_NAMES += [_hier.ALGORITHM, _hier.SETUP_ALGORITHM]
 ALGO_CODE = {name: i + 1 for i, name in enumerate(_ALGO_NAMES)}
 _wire.ALGO_NAME.update({code: name for name, code in ALGO_CODE.items()})  # for error messages
 
@@ -136,6 +138,8 @@ class ProcessGroup:
         # is on this host (shm/local.py), else None.
         self.shm: _shm.LocalGroup | None = None
         self._shm_known = False
+        # Also set then: which member is on which host (_hierarchy.py); None for one rank.
+        self.hierarchy: _hier.Hierarchy | None = None
 
     # torch spells these as methods
     def rank(self) -> int:
@@ -176,12 +180,17 @@ class ProcessGroup:
         local = self.shm is not None and collective in _shm.COLLECTIVES
         if local:
             names = (*names, _shm.ALGORITHM)
+        if collective == "all_reduce":
+            names = (*names, _hier.ALGORITHM)
         chosen = (
             algorithm or os.environ.get(f"PYCOLLECTIVE_{collective.upper()}_ALGORITHM") or "auto"
         )
         if chosen == "auto":
             if local:
                 return _shm.ALGORITHM
+            if collective == "all_reduce" and self.hierarchy is not None:
+                if self.hierarchy.layout.prefers_hierarchy():
+                    return _hier.ALGORITHM
             if len(names) == 1:
                 return names[0]
             best = _auto_choice(
@@ -230,7 +239,7 @@ class ProcessGroup:
             self._set_up_shm()
         algo = self.choose_algorithm(collective, algorithm, count, dtype, root)
         segment = max(1, _tuning.CHAIN_SEGMENT_BYTES // dtype.itemsize)
-        sched = None if algo == _shm.ALGORITHM else _cached_schedule(
+        sched = None if algo in (_shm.ALGORITHM, _hier.ALGORITHM) else _cached_schedule(
             collective,
             algo,
             self._rank,
@@ -273,7 +282,13 @@ class ProcessGroup:
                     # An abort notice that came since the last call fails this one now,
                     # even if none of its own steps would touch the rank at fault.
                     world.transport.check_group(self.group_id, seq)
-                if sched is None:
+                if algo == _hier.ALGORITHM:
+                    if self.hierarchy is not None:  # None: one rank, nothing to do
+                        self.hierarchy.run(
+                            arrays, dtype, red_kernel, header, deadline, label,
+                            world.transport, world.pool,
+                        )
+                elif sched is None:
                     self.shm.run(  # type: ignore[union-attr]
                         collective, arrays, dtype, red_kernel, header, deadline, label
                     )
@@ -326,6 +341,11 @@ class ProcessGroup:
                 self.shm = _shm.setup(
                     self.ranks, self._rank, self.group_id, world.transport,
                     ALGO_CODE[_shm.SETUP_ALGORITHM], time.monotonic() + self.timeout, world.pool,
+                )
+                self.hierarchy = _hier.setup(
+                    self.ranks, self._rank, self.group_id, world.transport, self.shm,
+                    ALGO_CODE[_hier.SETUP_ALGORITHM], ALGO_CODE[_shm.SETUP_ALGORITHM],
+                    time.monotonic() + self.timeout, world.pool,
                 )
             except CollectiveError as exc:
                 self.fail(exc, seq)
