@@ -24,6 +24,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "pycollective.diagnose",
         "merge flight-recorder dumps and say which rank is behind, and where",
     ),
+    "simulate": (
+        "pycollective.simulate_cli",
+        "predict collective times at any scale from the cost model (no network)",
+    ),
 }
 
 
