@@ -292,6 +292,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the rows as JSON")
     out.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="one row per size and world size, a column per algorithm: time (busbw GB/s)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -311,7 +316,7 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
         return 0
     print(describe(args))
-    print(table(rows, markdown=args.markdown))
+    print((wide_table if args.wide else table)(rows, markdown=args.markdown))
     return 0
 
 
@@ -363,6 +368,32 @@ def table(rows: list[Row], markdown: bool = False) -> str:
         ]
         for r in rows
     ]
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(row) + " |" for row in body]
+        return "\n".join(lines)
+    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join(fmt.format(*row).rstrip() for row in [head, *body])
+
+
+def wide_table(rows: list[Row], markdown: bool = False) -> str:
+    """Algorithms side by side: `time (busbw)` per cell, the fastest marked with *."""
+    algos = list(dict.fromkeys(r.algorithm for r in rows))
+    cells: dict[tuple[int, int], dict[str, Row]] = {}
+    for r in rows:
+        cells.setdefault((r.nbytes, r.ranks), {})[r.algorithm] = r
+    head = ["size", "ranks", "hosts x per host", *algos]
+    body = []
+    for (nbytes, ranks), by_algo in cells.items():
+        fastest = min(x.seconds for x in by_algo.values())
+        any_row = next(iter(by_algo.values()))
+        line = [human_bytes(nbytes), str(ranks), f"{any_row.hosts} x {any_row.ranks_per_host}"]
+        for a in algos:
+            x = by_algo[a]
+            star = " *" if x.seconds == fastest else ""
+            line.append(f"{human_time(x.seconds)} ({x.busbw:.3g}){star}")
+        body.append(line)
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(row) + " |" for row in body]

@@ -151,3 +151,14 @@ def test_units():
             parse_bytes(bad)
     with pytest.raises(argparse.ArgumentTypeError, match="> 0"):
         parse_per_byte("0Gbit/s")
+
+
+def test_wide_table(capsys):
+    code, out, _ = run(
+        capsys, "-a", "ring,hierarchical", "-n", "8,64", "-r", "8", "--wide", "--markdown"
+    )
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1] == "| size | ranks | hosts x per host | ring | hierarchical |"
+    assert lines[3].startswith("| 64 MiB | 8 | 1 x 8 |")
+    assert lines[4].startswith("| 64 MiB | 64 | 8 x 8 |") and lines[4].count("*") == 1
