@@ -493,8 +493,16 @@ def test_torch(r: int, p: int) -> None:
 
 
 def main() -> int:
-    quick = "--quick" in sys.argv
     dist.init_process_group()
+    r = dist.get_rank()
+    run_checks()
+    dist.destroy_process_group()
+    return report(r)
+
+
+def run_checks() -> None:
+    """Every check, on the default group (already initialized); failures are collected."""
+    quick = "--quick" in sys.argv
     r, p = dist.get_rank(), dist.get_world_size()
     tests = [
         lambda: test_usage_errors(r, p),
@@ -515,7 +523,10 @@ def main() -> int:
         except Exception:  # noqa: BLE001
             failures.append(traceback.format_exc())
             break  # the job is out of step now; stop instead of hanging
-    dist.destroy_process_group()
+
+
+def report(r: int) -> int:
+    """Print this rank's summary line (tests parse it); the exit status."""
     print(f"rank {r}: {checks} checks, {len(failures)} failures")
     for f in failures[:20]:
         print("FAIL", f)
