@@ -1,0 +1,129 @@
+"""Hierarchical all-reduce in real jobs whose ranks pretend to be on several hosts
+(PYCOLLECTIVE_HOST_ID): results against numpy for every dtype and op, auto's choice, the
+bytes each rank sends to other hosts, and errors that surface on every rank."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tests._launch import REPO, RankResult, assert_all_ok, run_ranks
+
+from pycollective.schedule import ALGORITHMS
+
+WORKER = REPO / "tests" / "hierarchy" / "_worker.py"
+
+
+def _results(r: RankResult) -> dict[str, dict]:
+    out = {}
+    for line in r.stdout.splitlines():
+        if line.startswith("RESULT "):
+            d = json.loads(line[len("RESULT ") :])
+            out[d["step"]] = d
+    return out
+
+
+def _where(r: RankResult) -> str:
+    return f"rank {r.rank} exit {r.returncode}\n{r.stdout[-2500:]}\n{r.stderr[-2500:]}"
+
+
+def _job(hosts: list[str], scenario: str, env: dict[str, str] | None = None, timeout=90.0):
+    per_rank = {i: {"PYCOLLECTIVE_HOST_ID": h} for i, h in enumerate(hosts)}
+    results = run_ranks(
+        WORKER, len(hosts), (scenario,), env=env, per_rank_env=per_rank, timeout=timeout
+    )
+    return results, {r.rank: _results(r) for r in results}
+
+
+def _expected_layout(hosts: list[str]) -> list[list[int]]:
+    groups: dict[str, list[int]] = {}
+    for rank, h in enumerate(hosts):
+        groups.setdefault(h, []).append(rank)
+    return list(groups.values())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "hosts,transport",
+    [
+        ("aabb", "auto"),  # 2 hosts x 2 ranks, arena inside each host
+        ("aabbcc", "auto"),  # 3 x 2
+        ("abab", "auto"),  # hosts interleaved in rank order
+        ("aab", "auto"),  # uneven 2 + 1: the flat algorithm
+        ("aabb", "tcp"),  # no arena: intra-host steps over TCP too
+    ],
+)
+def test_results_match_numpy(hosts: str, transport: str) -> None:
+    env = {"PYCOLLECTIVE_TRANSPORT": transport}
+    if transport == "tcp":  # and the environment's way of asking for it
+        env["PYCOLLECTIVE_ALL_REDUCE_ALGORITHM"] = "hierarchical"
+    results, res = _job(list(hosts), "correctness", env=env)
+    layout = _expected_layout(list(hosts))
+    even = len({len(h) for h in layout}) == 1
+    for r in results:
+        c = res[r.rank].get("correctness")
+        assert r.returncode == 0 and c is not None, _where(r)
+        assert c["failures"] == [] and c["checks"] > 100, _where(r)
+        assert c["hosts"] == layout
+        if even:
+            assert c["auto"] == "hierarchical", c
+        else:  # uneven hosts: the flat algorithm the cost model picks
+            assert c["auto"] in ALGORITHMS["all_reduce"], c
+        assert "hierarchical" in c["algorithms"]
+        assert c["arena"] is (even and transport == "auto")
+
+
+@pytest.mark.timeout(60)
+def test_cross_host_bytes_are_what_the_hierarchy_promises() -> None:
+    results, res = _job(list("aabb"), "traffic")
+    hosts = _expected_layout(list("aabb"))
+    L = 2
+    host_of = {q: i for i, h in enumerate(hosts) for q in h}
+    ring_cross = {0: 0, 1: 0}
+    for r in results:
+        t = res[r.rank].get("traffic")
+        assert r.returncode == 0 and t is not None and t["ok"] and t["arena"], _where(r)
+        n = t["nbytes"]
+        auto = {int(k): v for k, v in t["sent"]["auto"].items()}
+        # Hierarchy: nothing over TCP inside the host (the arena carries it); across, only
+        # to the rank with the same local index, n / L bytes (2 hosts: one exchange).
+        peer = hosts[1 - host_of[r.rank]][hosts[host_of[r.rank]].index(r.rank)]
+        assert auto == {peer: n // L}, t
+        for q, v in t["sent"]["ring"].items():
+            if host_of[int(q)] != host_of[r.rank]:
+                ring_cross[host_of[r.rank]] += v
+    # Per host, the flat ring sends 2(p-1)/p n = 1.5 n across; the hierarchy L x n/L = n.
+    for h in (0, 1):
+        assert ring_cross[h] == 3 * n // 2
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "kind", ["count_in_host", "count_across_hosts", "dtype_in_host", "algorithm"]
+)
+def test_mismatch_fails_every_rank(kind: str) -> None:
+    results, res = _job(list("aabb"), f"mismatch:{kind}")
+    for r in results:
+        steps = res[r.rank]
+        assert r.returncode == 0 and "call" in steps, _where(r)
+        assert steps["call"]["error"] == "MismatchError", _where(r)
+        assert steps["after"]["error"] == "CollectiveError", _where(r)
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_rank_fails_every_other_rank() -> None:
+    results, res = _job(list("aabb"), "kill")
+    assert results[-1].returncode == -9
+    for r in results[:-1]:
+        loop = res[r.rank].get("loop")
+        assert loop is not None and loop["error"] is not None, _where(r)
+        assert loop["error"] in ("TransportError", "CollectiveError"), _where(r)
+
+
+@pytest.mark.timeout(200)
+def test_api_battery_on_two_fake_hosts() -> None:
+    """Every collective (tests/api/battery.py) in a group spanning two hosts of two ranks:
+    auto's all_reduce is hierarchical there, and algorithms() lists it."""
+    per_rank = {i: {"PYCOLLECTIVE_HOST_ID": h} for i, h in enumerate("aabb")}
+    battery = REPO / "tests" / "api" / "battery.py"
+    assert_all_ok(run_ranks(battery, 4, ("--quick",), per_rank_env=per_rank, timeout=180))
