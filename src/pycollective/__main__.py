@@ -24,6 +24,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "pycollective.diagnose",
         "merge flight-recorder dumps and say which rank is behind, and where",
     ),
+    "timeline": (
+        "pycollective.timeline",
+        "merge PYCOLLECTIVE_TIMELINE's per-rank files into one Chrome trace, or sum one up",
+    ),
     "simulate": (
         "pycollective.simulate_cli",
         "predict collective times at any scale from the cost model (no network)",

@@ -148,6 +148,10 @@ class FlightRecorder:
         self.rank = rank
         self.size = size
         self.capacity = max(0, capacity)
+        # With PYCOLLECTIVE_TIMELINE set, entries also report to the timeline (_timeline.py).
+        from . import _timeline
+
+        self.timeline = _timeline.from_env(rank, size)
         self._ring = [Entry() for _ in range(self.capacity)]
         self._next = 0
         self.last_dump: str | None = None
@@ -171,11 +175,19 @@ class FlightRecorder:
         detail: str = "",
     ) -> Entry:
         """Take the next slot for an operation just issued (state 'queued')."""
-        if not self.capacity:
+        timeline = self.timeline
+        if timeline is None and not self.capacity:
             return _OFF
         i = self._next
         self._next = i + 1
-        e = self._ring[i % self.capacity]
+        if timeline is None:
+            e = self._ring[i % self.capacity]
+        else:
+            # A fresh entry each time: the timeline reads it when it ends, which for an
+            # async operation may come after the ring has wrapped round.
+            e = timeline.entry()
+            if self.capacity:
+                self._ring[i % self.capacity] = e
         e.id = i
         e.group = group
         e.group_name = group_name

@@ -310,6 +310,8 @@ def close_world(world: World) -> None:
         if world.transport is not None:
             world.transport.close()
         world.pool.release()
+        if world.flight is not None and world.flight.timeline is not None:
+            world.flight.timeline.write()  # PYCOLLECTIVE_TIMELINE (also written at exit)
 
 
 def _p2p_runner(world: World):

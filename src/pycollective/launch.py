@@ -226,7 +226,23 @@ def launch(
             server.close()
     _report_flight(flight_dir or base_env["PYCOLLECTIVE_FLIGHT_DIR"], status, err,
                    remove_if_empty=flight_dir is not None)
+    if base_env.get("PYCOLLECTIVE_TIMELINE", "").strip() and nnodes == 1:
+        _merge_timeline(base_env["PYCOLLECTIVE_TIMELINE"].strip(),
+                        secret_vars["PYCOLLECTIVE_JOB_ID"], err)
     return status
+
+
+def _merge_timeline(template: str, job: str, err: _Output) -> None:
+    """PYCOLLECTIVE_TIMELINE=FILE: merge this job's per-rank files into FILE."""
+    from . import _timeline
+
+    try:
+        out = _timeline.write_merged(template, job=job)
+    except (OSError, ValueError, KeyError) as exc:  # a damaged file must not fail the job
+        err.write(b"", f"pycollective run: could not merge the timeline: {exc}".encode())
+        return
+    if out is not None:
+        err.write(b"", f"pycollective run: timeline in {out} (Chrome trace format)".encode())
 
 
 def _report_flight(directory: str, status: int, err: _Output, remove_if_empty: bool) -> None:

@@ -38,6 +38,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .._timeline import WAIT as _WAIT
 from . import _futex
 
 SHM_DIR = "/dev/shm"
@@ -350,7 +351,13 @@ class Arena:
         for q in self.peers:
             i = q * WORDS + EPOCH
             if c[i] < target:
-                self._wait_one(i, target, poll)
+                if _WAIT.on:  # PYCOLLECTIVE_TIMELINE: the time spent waiting for peers
+                    t0, w0 = time.perf_counter(), _WAIT.total
+                    self._wait_one(i, target, poll)
+                    # = not +=: poll's transport checks inside were counted already
+                    _WAIT.total = w0 + time.perf_counter() - t0
+                else:
+                    self._wait_one(i, target, poll)
 
     def _wait_one(self, i: int, target: int, poll: Callable[[int], None]) -> None:
         c = self.ctrl

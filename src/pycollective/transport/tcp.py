@@ -33,6 +33,7 @@ from .._errors import (
     TransportError,
     UsageError,
 )
+from .._timeline import WAIT as _WAIT
 from . import _wire
 from ._base import ANY_SOURCE, InMessage, OutMessage, Transport
 from ._wire import Header
@@ -526,7 +527,13 @@ class TCPTransport(Transport):
 
     def _pump(self, timeout: float) -> None:
         """Wait up to `timeout` for sockets to be ready, then make every bit of progress."""
-        for key, mask in self._sel.select(timeout):
+        if _WAIT.on:  # PYCOLLECTIVE_TIMELINE: time blocked here is time waiting for peers
+            t0 = time.perf_counter()
+            ready = self._sel.select(timeout)
+            _WAIT.total += time.perf_counter() - t0
+        else:
+            ready = self._sel.select(timeout)
+        for key, mask in ready:
             conn: _Conn | None = key.data
             if conn is None:  # interrupt()'s wake-up
                 try:

@@ -1,0 +1,106 @@
+"""`pycollective timeline`: merge the per-rank files of PYCOLLECTIVE_TIMELINE, and sum them up.
+
+    pycollective timeline merge trace.json          # trace.rank*.json -> trace.json
+    pycollective timeline merge -o all.json a.json b.json
+    pycollective timeline summary trace.json        # per rank and operation: calls, time, wait
+
+The merged file is a Chrome trace (open it in ui.perfetto.dev or chrome://tracing).
+Recording is described in _timeline.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+
+from . import _timeline
+
+HELP = "merge PYCOLLECTIVE_TIMELINE's per-rank files into one Chrome trace, or summarize one"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    m = sub.add_parser("merge", help="merge per-rank files into one Chrome trace")
+    m.add_argument(
+        "files",
+        nargs="+",
+        help="the PYCOLLECTIVE_TIMELINE value (its rank files are found), or rank files",
+    )
+    m.add_argument("-o", "--output", help="merged file (default: the PYCOLLECTIVE_TIMELINE name)")
+    s = sub.add_parser("summary", help="per rank and operation: calls, time, time waiting")
+    s.add_argument("file", help="a merged trace or one rank's file")
+
+
+def summarize(trace: dict) -> list[str]:
+    """Per rank and operation kind: calls, total time, time waiting for peers."""
+    sums: dict[tuple[int, str], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") != "X":
+            continue
+        cell = sums[(e["pid"], e.get("cat", e["name"]))]
+        cell[0] += 1
+        cell[1] += e["dur"]
+        cell[2] += e.get("args", {}).get("wait_us", 0.0)
+    lines = [
+        f"{'rank':>4} {'operation':<16} {'calls':>8} {'time(ms)':>11} {'waiting(ms)':>12} "
+        f"{'waiting':>8}"
+    ]
+    for (rank, kind), (calls, dur, wait) in sorted(sums.items()):
+        share = f"{wait / dur:.0%}" if dur > 0 else "-"
+        lines.append(
+            f"{rank:>4} {kind:<16} {int(calls):>8} {dur / 1e3:>11.3f} "
+            f"{wait / 1e3:>12.3f} {share:>8}"
+        )
+    return lines
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        if args.action == "merge":
+            if len(args.files) == 1 and not _is_rank_file(args.files[0]):
+                template = args.files[0]
+                out = _timeline.write_merged(template, args.output)
+                if out is None:
+                    print(
+                        f"pycollective timeline: no rank files for {template} "
+                        f"(looked for {_timeline.rank_path(template, 0)} ...)",
+                        file=sys.stderr,
+                    )
+                    return 1
+            else:
+                if not args.output:
+                    print(
+                        "pycollective timeline merge: -o OUT is needed with several files",
+                        file=sys.stderr,
+                    )
+                    return 2
+                out = args.output
+                data = _timeline.merge(args.files)
+                with open(out, "w", encoding="utf-8") as f:
+                    json.dump(data, f)
+            print(f"wrote {out}")
+            return 0
+        if args.action == "summary":
+            with open(args.file, encoding="utf-8") as f:
+                print("\n".join(summarize(json.load(f))))
+            return 0
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"pycollective timeline: {exc}", file=sys.stderr)
+        return 1
+    print("pycollective timeline: choose an action: merge or summary", file=sys.stderr)
+    return 2
+
+
+def _is_rank_file(path: str) -> bool:
+    """A file that exists and is one rank's timeline (not a template to expand)."""
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f).get("otherData", {})
+    except (OSError, ValueError):
+        return False
+    return meta.get("format") == _timeline.FORMAT and "rank" in meta
