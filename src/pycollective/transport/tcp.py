@@ -56,6 +56,8 @@ FINISH_BYTES = 64 << 20
 FINISH_SECONDS = 1.0
 CLOSE_LINGER = 0.25  # seconds close() waits for peers to hang up too (see _linger)
 _HISTORY = 16  # collectives per group remembered to describe a stale frame
+_RBUF_BYTES = 64 * 1024  # each connection's read buffer
+_DIRECT_BYTES = 16 * 1024  # payload left beyond this skips the buffer
 
 _ERROR_CODES: dict[type[CollectiveError], int] = {
     CollectiveError: 1,
@@ -100,8 +102,9 @@ class _Conn:
     __slots__ = (
         "peer",
         "sock",
-        "hdr",
-        "hdr_got",
+        "rbuf",
+        "rpos",
+        "rend",
         "cur",
         "target",
         "stash",
@@ -118,8 +121,12 @@ class _Conn:
     def __init__(self, peer: int, sock: socket.socket) -> None:
         self.peer = peer
         self.sock = sock
-        self.hdr = bytearray(_wire.SIZE)
-        self.hdr_got = 0
+        # Incoming bytes are read through this buffer, so one recv takes a header and a
+        # small payload (often several frames); payloads bigger than _DIRECT_BYTES are read
+        # straight into their destination. rbuf[rpos:rend] is what is read and not used yet.
+        self.rbuf = memoryview(bytearray(_RBUF_BYTES))
+        self.rpos = 0
+        self.rend = 0
         self.cur: Header | None = None  # header of the payload being read
         self.target: InMessage | None = None  # where it goes, if a receive was posted
         self.stash: np.ndarray | None = None  # else, where it is kept
@@ -233,9 +240,7 @@ class TCPTransport(Transport):
         except OSError:
             pass  # already woken (buffer full) or closed
 
-    def abort(
-        self, peers: Iterable[int], group: int, error: CollectiveError, seq: int = 0
-    ) -> None:
+    def abort(self, peers: Iterable[int], group: int, error: CollectiveError, seq: int = 0) -> None:
         reason = str(error).encode("utf-8", "replace")[: _wire.MAX_ABORT_PAYLOAD]
         # `root` names the rank at fault when there is exactly one (the lost peer, the rank
         # a timeout waited on), so the relayed error keeps .peer / .waiting_on.
@@ -389,10 +394,41 @@ class TCPTransport(Transport):
                     m.dest[: payload.nbytes] = payload.data
                     self._complete(m, peer, header)
                     return
+        if self._adopt(m):
+            return
         if m.peer == ANY_SOURCE:
             self._posted_any.setdefault(key, deque()).append(m)
         else:
             self._posted.setdefault((m.peer, key), deque()).append(m)
+
+    def _adopt(self, m: InMessage) -> bool:
+        """A message still arriving into a stash (it came before its receive): move what
+        has landed into the receive's destination and read the rest straight there, so a
+        large early message is copied only as far as it got, not whole at the end."""
+        key = m.expect.key
+        for conn in self._conns.values():
+            header = conn.cur
+            if (
+                header is None
+                or conn.stash is None
+                or header.key != key
+                or m.peer not in (ANY_SOURCE, conn.peer)
+                or conn.lost is not None
+            ):
+                continue
+            self._check_match(conn.peer, header, m)
+            got = conn.got
+            if got:
+                m.dest[:got] = conn.stash.data[:got]
+            self._unexpected_bytes -= header.nbytes
+            conn.stash = None
+            conn.target = m
+            dest = m.dest if m.dest.format == "B" and m.dest.ndim == 1 else m.dest.cast("B")
+            conn.view = dest[: header.nbytes]
+            if m.on_data is not None and got:
+                m.on_data(got)
+            return True
+        return False
 
     def _unpost(self, recvs: Sequence[InMessage]) -> None:
         for m in recvs:
@@ -670,47 +706,96 @@ class TCPTransport(Transport):
     # ------------------------------------------------------------------ receiving
 
     def _read(self, conn: _Conn) -> None:
-        sock = conn.sock
+        """Read what is there (the socket is non-blocking) and act on every whole header
+        and payload. Returns after a short read: the socket is then most likely drained,
+        and if not the (level-triggered) selector says so again."""
+        buf = conn.rbuf
+        drained = False
         while True:
-            try:
-                if conn.cur is None:
-                    n = sock.recv_into(memoryview(conn.hdr)[conn.hdr_got :])
-                else:
-                    n = sock.recv_into(conn.view[conn.got :])  # type: ignore[index]
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                self._lose(conn, f"connection error: {exc.strerror or exc}")
-                return
-            if n == 0:
-                self._lose(conn, "connection closed by peer (process exited or crashed?)")
-                return
+            avail = conn.rend - conn.rpos
             if conn.cur is None:
-                conn.hdr_got += n
-                if conn.hdr_got == _wire.SIZE:
-                    conn.hdr_got = 0
-                    self._on_header(conn)
+                if avail >= _wire.SIZE:
+                    pos = conn.rpos
+                    conn.rpos = pos + _wire.SIZE
+                    self._on_header(conn, pos)
+                    if conn.lost is not None:
+                        return
+                    continue
             else:
-                conn.got += n
-                if conn.target is not None and conn.target.on_data is not None:
-                    conn.target.on_data(conn.got)
-                if conn.got == conn.view.nbytes:  # type: ignore[union-attr]
-                    self._on_payload(conn)
-            if conn.lost is not None:
+                view = conn.view
+                assert view is not None  # noqa: S101 - set with cur
+                got = conn.got
+                if avail:
+                    k = min(avail, view.nbytes - got)
+                    pos = conn.rpos
+                    view[got : got + k] = buf[pos : pos + k]
+                    conn.rpos = pos + k
+                    self._on_bytes(conn, k)
+                    if conn.lost is not None:
+                        return
+                    continue
+                left = view.nbytes - got
+                if left >= _DIRECT_BYTES:
+                    if drained:
+                        return
+                    n = self._recv(conn, view[got:])
+                    if n <= 0:
+                        return
+                    drained = n < left
+                    self._on_bytes(conn, n)
+                    if conn.lost is not None:
+                        return
+                    continue
+            if drained:
                 return
+            # Refill the buffer, keeping the start of a header that is not whole yet.
+            if conn.rpos == conn.rend:
+                conn.rpos = conn.rend = 0
+            elif conn.rend > _RBUF_BYTES - _wire.SIZE:
+                rest = conn.rend - conn.rpos
+                buf[:rest] = buf[conn.rpos : conn.rend]
+                conn.rpos, conn.rend = 0, rest
+            space = _RBUF_BYTES - conn.rend
+            n = self._recv(conn, buf[conn.rend :])
+            if n <= 0:
+                return
+            conn.rend += n
+            drained = n < space
 
-    def _on_header(self, conn: _Conn) -> None:
+    def _recv(self, conn: _Conn, into: memoryview) -> int:
+        """recv_into `into`: bytes read, 0 if none are there yet, -1 if the peer is lost."""
         try:
-            header = _wire.unpack(conn.hdr)
+            n = conn.sock.recv_into(into)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError as exc:
+            self._lose(conn, f"connection error: {exc.strerror or exc}")
+            return -1
+        if n == 0:
+            self._lose(conn, "connection closed by peer (process exited or crashed?)")
+            return -1
+        return n
+
+    def _on_bytes(self, conn: _Conn, n: int) -> None:
+        conn.got += n
+        target = conn.target
+        if target is not None and target.on_data is not None:
+            target.on_data(conn.got)
+        if conn.got == conn.view.nbytes:  # type: ignore[union-attr]
+            self._on_payload(conn)
+
+    def _on_header(self, conn: _Conn, pos: int) -> None:
+        try:
+            header = _wire.unpack(conn.rbuf, pos)
         except _wire.FrameError as exc:
             # Lose the connection but raise nothing here: the exchange in progress may be
             # another group's, with other peers; whoever needs this peer raises (_drive).
             self._lose(conn, f"rank {conn.peer} sent an invalid frame: {exc}")
             return
-        if header.nbytes > MAX_FRAME_BYTES or (
-            header.frame == _wire.ABORT and header.nbytes > _wire.MAX_ABORT_PAYLOAD
-        ) or (
-            header.frame == _wire.PROBE and header.nbytes
+        if (
+            header.nbytes > MAX_FRAME_BYTES
+            or (header.frame == _wire.ABORT and header.nbytes > _wire.MAX_ABORT_PAYLOAD)
+            or (header.frame == _wire.PROBE and header.nbytes)
         ):
             self._lose(
                 conn, f"rank {conn.peer} announced a {header.nbytes}-byte frame, over the limit"
@@ -726,7 +811,10 @@ class TCPTransport(Transport):
             target, mismatch = None, exc
         if target is not None:
             conn.target = target
-            conn.view = target.dest[: header.nbytes]
+            dest = target.dest
+            if dest.format != "B" or dest.ndim != 1:
+                dest = dest.cast("B")  # bytes are copied in from the read buffer by slices
+            conn.view = dest[: header.nbytes]
         else:
             if self._unexpected_bytes + header.nbytes > self.max_unexpected:
                 self._lose(
