@@ -14,10 +14,14 @@ Only the cross-host step touches the network: every rank sends 2 (H-1)/H of n/L 
 there (H hosts, L ranks per host), so a host's link carries 2 (H-1)/H n bytes in all, as
 for one flat ring, in 2 (H-1) + 2 (L-1) rounds instead of 2 (HL-1).
 
+Hosts with unequal rank counts cannot pair blocks by local index; they run the leader
+variant instead: reduce to each host's first rank, all-reduce of the whole buffer among
+those leaders, broadcast inside each host (n bytes per host link each way, as above, but
+one rank per host does the network step and the reduction of its host).
+
 Which rank is on which host: every rank's 16-byte host identity (shm/_hostid.py),
 exchanged once at the group's first collective (skipped when the group already shares one
-arena). Hosts whose rank counts differ run the flat algorithm instead (all ranks derive
-the same layout, so all make the same choice).
+arena); every rank derives the same layout from it, so all make the same choices.
 """
 
 from __future__ import annotations
@@ -82,14 +86,27 @@ class Layout:
         return next(i for i, h in enumerate(self.hosts) if rank in h)
 
     def prefers_hierarchy(self) -> bool:
-        """Auto's rule: more than one host, more than one rank on a host, equal counts."""
-        return len(self.hosts) > 1 and self.even and self.ranks_per_host > 1
+        """Auto's rule: more than one host, and more than one rank on some host."""
+        return len(self.hosts) > 1 and max(len(h) for h in self.hosts) > 1
 
     def describe(self) -> str:
         counts = [len(h) for h in self.hosts]
         if self.even:
             return f"{len(counts)} host(s) x {counts[0]} rank(s)"
         return f"{len(counts)} hosts with {counts} ranks"
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What every step of one call passes on to the executor or the arena."""
+
+    dtype: DType
+    kernel: Kernel | None
+    header: Header
+    deadline: float
+    label: str
+    transport: Transport | None
+    pool: ScratchPool
 
 
 class Hierarchy:
@@ -102,11 +119,12 @@ class Hierarchy:
         self.me = me
         self.global_ranks = tuple(global_ranks)
         host = layout.hosts[layout.host_of(me)]
+        self._host = layout.host_of(me)
         self.local = host.index(me)
         self.intra = host  # group ranks of my host
-        self.cross = (
-            tuple(h[self.local] for h in layout.hosts) if layout.even else ()
-        )  # group ranks with my local index, one per host
+        # Group ranks with my local index, one per host (uneven layouts: the leaders).
+        index = self.local if layout.even else 0
+        self.cross = tuple(h[index] for h in layout.hosts)
         self.arena = arena
         self.scratch = ScratchPool()  # not the world's: run_schedule takes that one
 
@@ -125,35 +143,15 @@ class Hierarchy:
         sum: the caller divides afterwards, as for every other algorithm."""
         data = arrays["data"]
         n = data.size
-        p = self.layout.size
-        if n == 0 or p == 1:
+        if n == 0 or self.layout.size == 1:
             return
-        g = self.global_ranks
+        call = _Call(dtype, kernel, header, deadline, label, transport, pool)
         if not self.layout.even:
-            algo = flat_algorithm(p, n, dtype.itemsize)
-            plan = _plan("all_reduce", algo, self.me, p, n, 0)
-            run_schedule(
-                plan, {"data": data}, dtype, kernel, transport, g, header, deadline, pool, label
-            )
+            self._run_leaders(data, call)
             return
         L, H = len(self.intra), len(self.cross)
-        intra_g = tuple(g[r] for r in self.intra)
-        cross_g = tuple(g[r] for r in self.cross)
         if L == 1:
-            algo = flat_algorithm(H, n, dtype.itemsize)
-            plan = _plan("all_reduce", algo, self.local_host, H, n, 1)
-            run_schedule(
-                plan,
-                {"data": data},
-                dtype,
-                kernel,
-                transport,
-                cross_g,
-                header,
-                deadline,
-                pool,
-                label,
-            )
+            self._cross(data, call)
             return
         b = -(-n // L)
         region = self.scratch.take((L * b + b) * dtype.itemsize).view(dtype.numpy)
@@ -164,85 +162,73 @@ class Hierarchy:
             work = region[b:]
             work[:n] = data
             work[n:] = 0
-        self._intra(
-            "reduce_scatter",
-            {"input": work, "output": blk},
-            dtype,
-            kernel,
-            header,
-            deadline,
-            label,
-            transport,
-            intra_g,
-            pool,
-            b,
-            0,
-        )
+        self._intra("reduce_scatter", {"input": work, "output": blk}, b, 0, call)
         if H > 1:
-            algo = flat_algorithm(H, b, dtype.itemsize)
-            plan = _plan("all_reduce", algo, self.local_host, H, b, 1)
-            run_schedule(
-                plan,
-                {"data": blk},
-                dtype,
-                kernel,
-                transport,
-                cross_g,
-                header,
-                deadline,
-                pool,
-                label,
-            )
-        self._intra(
-            "all_gather",
-            {"input": blk, "output": work},
-            dtype,
-            kernel,
-            header,
-            deadline,
-            label,
-            transport,
-            intra_g,
-            pool,
-            b,
-            2,
-        )
+            self._cross(blk, call)
+        self._intra("all_gather", {"input": blk, "output": work}, b, 2, call)
         if work is not data:
             data[:] = work[:n]
 
-    @property
-    def local_host(self) -> int:
-        """My rank in the cross-host group: my host's index."""
-        return self.layout.host_of(self.me)
+    def _run_leaders(self, data: np.ndarray, call: _Call) -> None:
+        """Uneven hosts: reduce to local rank 0, all-reduce among those, broadcast.
+        header.root is 0 for all_reduce, so the arena takes local rank 0 as root too."""
+        if len(self.intra) > 1:
+            self._intra("reduce", {"data": data}, data.size, 0, call, "tree")
+        if self.local == 0:
+            self._cross(data, call)
+        if len(self.intra) > 1:
+            self._intra("broadcast", {"data": data}, data.size, 2, call, "tree")
+
+    def _cross(self, data: np.ndarray, call: _Call) -> None:
+        """All-reduce of `data` among self.cross (one rank per host), over TCP."""
+        H = len(self.cross)
+        algo = flat_algorithm(H, data.size, call.dtype.itemsize)
+        plan = _plan("all_reduce", algo, self.local_host, H, data.size, 1)
+        ranks = tuple(self.global_ranks[r] for r in self.cross)
+        run_schedule(
+            plan, {"data": data}, call.dtype, call.kernel, call.transport, ranks,
+            call.header, call.deadline, call.pool, call.label,
+        )  # fmt: skip
 
     def _intra(
         self,
         collective: str,
         arrays: dict[str, np.ndarray],
-        dtype: DType,
-        kernel: Kernel | None,
-        header: Header,
-        deadline: float,
-        label: str,
-        transport: Transport | None,
-        intra_g: tuple[int, ...],
-        pool: ScratchPool,
-        block: int,
+        count: int,
         phase: int,
+        call: _Call,
+        algorithm: str = "ring",
     ) -> None:
+        """One in-host step: over the host's arena if it has one, else a TCP schedule."""
         if self.arena is not None:
-            self.arena.run(collective, arrays, dtype, kernel, header, deadline, label)
+            self.arena.run(
+                collective, arrays, call.dtype, call.kernel, call.header, call.deadline,
+                call.label,
+            )  # fmt: skip
             return
-        plan = _plan(collective, "ring", self.local, len(intra_g), block, phase)
-        run_schedule(plan, arrays, dtype, kernel, transport, intra_g, header, deadline, pool, label)
+        plan = _plan(collective, algorithm, self.local, len(self.intra), count, phase)
+        ranks = tuple(self.global_ranks[r] for r in self.intra)
+        run_schedule(
+            plan, arrays, call.dtype, call.kernel, call.transport, ranks, call.header,
+            call.deadline, call.pool, call.label,
+        )  # fmt: skip
+
+    @property
+    def local_host(self) -> int:
+        """My rank in the cross-host group: my host's index."""
+        return self._host
+
+
+def flat_algorithm(size: int, count: int, itemsize: int) -> str:
+    """The flat all-reduce `auto` would run over TCP for `size` ranks (every rank computes
+    the same: same inputs, and the parameters the job agreed on)."""
+    cls = 0 if count <= 0 else 1 << (count - 1).bit_length()
+    return _cheapest(size, cls, itemsize, _tuning.cost_params("tcp"))
 
 
 @lru_cache(maxsize=1024)
-def flat_algorithm(size: int, count: int, itemsize: int) -> str:
-    """The flat all-reduce `auto` would run over TCP for `size` ranks (every rank computes
-    the same: same inputs, same parameters)."""
-    cls = 0 if count <= 0 else 1 << (count - 1).bit_length()
-    return _cost.select("all_reduce", size, cls, itemsize, _tuning.cost_params("tcp"))
+def _cheapest(size: int, count: int, itemsize: int, params: _cost.CostParams) -> str:
+    return _cost.select("all_reduce", size, count, itemsize, params)
 
 
 @lru_cache(maxsize=1024)
@@ -292,11 +278,11 @@ def setup(
         transport.abort([g for g in ranks if g != ranks[me]], header.group, exc, 0)
         raise
     arena = None
-    if len(layout.hosts) > 1 and layout.prefers_hierarchy():
+    host = layout.hosts[layout.host_of(me)]
+    if len(layout.hosts) > 1 and len(host) > 1:
         # The host's ranks get an arena of their own for steps 1 and 3, mapped now (at the
         # first collective, whatever it is) so that a failure here surfaces like any
         # other set-up failure. Its polls watch the group's id for abort notices.
-        host = layout.hosts[layout.host_of(me)]
         sub_id = zlib.crc32(b"hierarchy-host/%d/%d" % (group_id, host[0])) or 1
         arena = _shm.setup(
             [ranks[r] for r in host],

@@ -9,8 +9,6 @@ import json
 import pytest
 from tests._launch import REPO, RankResult, assert_all_ok, run_ranks
 
-from pycollective.schedule import ALGORITHMS
-
 WORKER = REPO / "tests" / "hierarchy" / "_worker.py"
 
 
@@ -49,7 +47,9 @@ def _expected_layout(hosts: list[str]) -> list[list[int]]:
         ("aabb", "auto"),  # 2 hosts x 2 ranks, arena inside each host
         ("aabbcc", "auto"),  # 3 x 2
         ("abab", "auto"),  # hosts interleaved in rank order
-        ("aab", "auto"),  # uneven 2 + 1: the flat algorithm
+        ("aab", "auto"),  # uneven 2 + 1: the leader variant
+        ("aaabbc", "auto"),  # uneven 3 + 2 + 1
+        ("aab", "tcp"),
         ("aabb", "tcp"),  # no arena: intra-host steps over TCP too
     ],
 )
@@ -59,18 +59,16 @@ def test_results_match_numpy(hosts: str, transport: str) -> None:
         env["PYCOLLECTIVE_ALL_REDUCE_ALGORITHM"] = "hierarchical"
     results, res = _job(list(hosts), "correctness", env=env)
     layout = _expected_layout(list(hosts))
-    even = len({len(h) for h in layout}) == 1
     for r in results:
         c = res[r.rank].get("correctness")
         assert r.returncode == 0 and c is not None, _where(r)
         assert c["failures"] == [] and c["checks"] > 100, _where(r)
         assert c["hosts"] == layout
-        if even:
-            assert c["auto"] == "hierarchical", c
-        else:  # uneven hosts: the flat algorithm the cost model picks
-            assert c["auto"] in ALGORITHMS["all_reduce"], c
+        assert c["auto"] == "hierarchical", c
         assert "hierarchical" in c["algorithms"]
-        assert c["arena"] is (even and transport == "auto")
+        # Ranks that share their host with another get an arena for the in-host steps.
+        alone = len(next(h for h in layout if r.rank in h)) == 1
+        assert c["arena"] is (transport == "auto" and not alone)
 
 
 @pytest.mark.timeout(60)
