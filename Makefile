@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # mpirun and a real mpiexec.hydra.
 APT_PACKAGES := openmpi-bin libopenmpi-dev mpich
 
-.PHONY: setup system-deps test faults demo bench lint clean
+.PHONY: setup system-deps test faults demo bench compare lint clean
 
 setup: $(STAMP)
 
@@ -60,6 +60,15 @@ BENCH_ARGS ?= -n 2 -t shm,tcp,gloo
 bench: setup
 	$(PY) -m pycollective bench $(BENCH_ARGS) --json benchmarks/results/bench.json \
 		--plot benchmarks/results/bench.png
+
+# pycollective beside torch's gloo and OpenMPI (mpi4py) in the same ranks, one run: all_reduce
+# 4 B..64 MiB, broadcast/all_gather/reduce_scatter 64 MiB, TCP only, 4 ranks on 2 cores.
+# Prints markdown tables (the README's), writes benchmarks/results/compare_peers.{json,md}.
+# Installs OpenMPI (apt-get) and mpi4py (pip) when missing and run as root.
+COMPARE_ARGS ?=
+compare: setup
+	$(PY) benchmarks/compare_peers.py $(COMPARE_ARGS) --json benchmarks/results/compare_peers.json \
+		--markdown benchmarks/results/compare_peers.md
 
 lint: setup
 	$(VENV)/bin/ruff check .

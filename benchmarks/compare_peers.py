@@ -1,0 +1,721 @@
+"""pycollective beside torch.distributed's gloo and OpenMPI (mpi4py), in one run, on one host.
+
+    python benchmarks/compare_peers.py            # or: make compare
+    python benchmarks/compare_peers.py -n 2 --markdown table.md
+
+Three jobs, each a set of ranks in which every library takes turns, repetition by
+repetition (see _peers_worker.py), so the load of a shared machine falls on all alike:
+
+- shm: N ranks (default 2), pycollective as a user gets it (auto: shared memory on one
+  host), gloo, and OpenMPI as mpirun starts it (shared memory too); all_reduce over a range
+  of sizes (OpenMPI both out of place and with MPI_IN_PLACE), and broadcast, all_gather and
+  reduce_scatter at the big size (default 64 MiB).
+- tcp: the same with PYCOLLECTIVE_TRANSPORT=tcp and OpenMPI over TCP only
+  (--mca pml ob1 --mca btl tcp,self, loopback); all_reduce over the range of sizes.
+- crowded: 4 ranks on the machine's 2 cores (mpirun --oversubscribe): all_reduce 4 B and
+  16 MiB.
+
+Sizes are nccl-tests' (the larger buffer of a call), float32. Time is the median of at
+least 11 repetitions after warm-up, each the slowest rank's; busbw uses nccl-tests'
+factors. "vs gloo" and "vs OpenMPI" are how many times faster pycollective is (their time
+over ours), against OpenMPI's in-place all_reduce where measured. Also measured: what one
+core of numpy copies and adds per second, the ceiling a rank's own work runs into.
+
+Prints markdown tables (the README's speed section is one), writes JSON
+(benchmarks/results/compare_peers.json) and, with --markdown, the tables to a file. Runs
+as root install what is missing (Debian's openmpi-bin and libopenmpi-dev, mpi4py into
+this Python's environment); otherwise it says how and leaves the OpenMPI columns out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pycollective._netutil import free_port
+from pycollective.bench import human, parse_size, sizes
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+WORKER = HERE / "_peers_worker.py"
+DEFAULT_JSON = HERE / "results" / "compare_peers.json"
+APT = ("openmpi-bin", "libopenmpi-dev")
+
+# Columns of every table: (key, how a job's record is recognised: transport, algorithm).
+COLUMNS = ("pycollective", "gloo", "openmpi", "openmpi_in_place")
+_COLUMN_OF = {
+    ("gloo", "gloo"): "gloo",
+    ("openmpi", "out_of_place"): "openmpi",
+    ("openmpi", "in_place"): "openmpi_in_place",
+}
+
+
+@dataclass
+class Job:
+    name: str
+    title: str
+    ranks: int
+    plan: list[tuple[str, list[int]]]
+    ours: str  # backend name in the worker: "shm" (auto) or "tcp"
+    env: dict[str, str | None] = field(default_factory=dict)
+    mpi_args: tuple[str, ...] = ()
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- set-up
+
+
+def find_openmpi() -> str | None:
+    """OpenMPI's mpirun (with MPICH installed too, plain `mpirun` may be MPICH's)."""
+    for name in ("mpirun.openmpi", "mpirun"):
+        path = shutil.which(name)
+        if not path:
+            continue
+        try:
+            out = subprocess.run(
+                [path, "--version"], capture_output=True, text=True, timeout=30
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if "Open MPI" in out:
+            return path
+    return None
+
+
+def _is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def ensure_openmpi(allow_install: bool) -> tuple[str | None, str | None]:
+    """(mpirun, None), or (None, why the OpenMPI columns are left out and how to fix it)."""
+    mpirun = find_openmpi()
+    if mpirun is None and allow_install and _is_root() and shutil.which("apt-get"):
+        print(f"# installing {' '.join(APT)} (apt-get)", flush=True)
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "update", "-qq"], env=env, check=False)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", *APT],
+            env=env,
+            check=False,
+            stdout=subprocess.DEVNULL,
+        )
+        mpirun = find_openmpi()
+    if mpirun is None:
+        return None, f"OpenMPI's mpirun is not installed (as root: apt-get install {' '.join(APT)})"
+    if importlib.util.find_spec("mpi4py") is None:
+        in_venv = sys.prefix != sys.base_prefix
+        if allow_install and (in_venv or _is_root()):
+            print("# installing mpi4py (pip)", flush=True)
+            subprocess.run(
+                [sys.executable, "-m", "pip", "install", "--quiet", "mpi4py"], check=False
+            )
+            importlib.invalidate_caches()
+        if importlib.util.find_spec("mpi4py") is None:
+            how = f"{Path(sys.executable).name} -m pip install mpi4py"
+            return None, f"mpi4py is not installed ({how})"
+    return mpirun, None
+
+
+def gloo_missing() -> str | None:
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed (pip install torch==2.13.0, CPU build; or make setup)"
+    return None
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def numpy_limits(nbytes: int, samples: int) -> dict:
+    """What one core of numpy copies (np.copyto) and adds (np.add, out=) per second on
+    float32 arrays of `nbytes`: the ceiling of a rank's own share of the work. Bytes/s
+    counts the destination's bytes once (a copy reads n and writes n; an add reads 2n)."""
+    n = max(1, nbytes // 4)
+    a, b, out = np.ones(n, np.float32), np.ones(n, np.float32), np.empty(n, np.float32)
+    result = {"bytes": n * 4}
+    for name, fn in (("memcpy", lambda: np.copyto(out, a)), ("add", lambda: np.add(a, b, out=out))):
+        fn()
+        times = []
+        for _ in range(samples):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        result[f"{name}_GBps"] = n * 4 / statistics.median(times) / 1e9
+    return result
+
+
+def _clean_env(job: Job) -> dict[str, str]:
+    env = dict(os.environ)
+    for key in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "PYCOLLECTIVE_STORE_HOSTED",
+        "TORCHELASTIC_USE_AGENT_STORE",
+        "PYCOLLECTIVE_TRANSPORT",
+        "PYCOLLECTIVE_TIMELINE",
+    ):
+        env.pop(key, None)
+    for key, value in job.env.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _display(cmd: list[str]) -> str:
+    """The command as a reader would type it (no paths of this machine)."""
+    out = []
+    for c in cmd:
+        if c == sys.executable:
+            out.append("python")
+        elif c.startswith("{"):
+            out.append("SPEC")
+        elif os.path.isabs(c):
+            p = Path(c)
+            out.append(str(p.relative_to(REPO)) if p.is_relative_to(REPO) else p.name)
+        else:
+            out.append(c)
+    return " ".join(out)
+
+
+def job_command(
+    job: Job, backends: list[str], mpirun: str | None, spec: str, env: dict[str, str]
+) -> list[str]:
+    """The command that starts the job's ranks: mpirun when OpenMPI takes part, else our
+    launcher. Adds what mpirun's ranks need to `env`."""
+    worker = [sys.executable, str(WORKER), spec]
+    if mpirun is None or "openmpi" not in backends:
+        return [sys.executable, "-m", "pycollective", "run", "-n", str(job.ranks), *worker]
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    cmd = [mpirun, "-n", str(job.ranks)]
+    if _is_root():
+        cmd.append("--allow-run-as-root")
+    if job.ranks > (os.cpu_count() or 1):
+        cmd.append("--oversubscribe")
+    cmd += [*job.mpi_args, "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "PYTHONUNBUFFERED"]
+    if "PYCOLLECTIVE_TRANSPORT" in env:
+        cmd += ["-x", "PYCOLLECTIVE_TRANSPORT"]
+    return cmd + worker
+
+
+def run_job(job: Job, backends: list[str], mpirun: str | None, args: argparse.Namespace) -> dict:
+    """Start the job's ranks; return what rank 0 reported (records, meta) or the error."""
+    spec = {
+        "backends": backends,
+        "plan": job.plan,
+        "algorithms": ["auto"],
+        "dtype": "float32",
+        "reps": max(args.reps, args.min_reps),
+        "min_reps": args.min_reps,
+        "warmup": max(1, args.warmup),
+        "budget": args.budget,
+        "gloo_port": free_port(),
+    }
+    env = _clean_env(job)
+    cmd = job_command(job, backends, mpirun, json.dumps(spec), env)
+    result: dict = {
+        "name": job.name,
+        "title": job.title,
+        "ranks": job.ranks,
+        "command": _display(cmd),
+        "backends": backends,
+        "records": [],
+        "meta": {},
+    }
+    print(f"# job {job.name}: {_display(cmd)}", flush=True)
+    with tempfile.TemporaryFile(mode="w+") as err:
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            start_new_session=True,
+        )
+        timed_out = threading.Event()
+
+        def kill() -> None:  # the job's own process group only
+            timed_out.set()
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    return
+                time.sleep(3)
+
+        watchdog = threading.Timer(args.timeout, kill)
+        watchdog.start()
+        try:
+            assert proc.stdout is not None  # noqa: S101 - piped above
+            for line in proc.stdout:
+                for tag in ("BENCH ", "META "):
+                    at = line.find(tag)
+                    if at < 0:
+                        continue
+                    data = json.loads(line[at + len(tag) :])
+                    if tag == "META ":
+                        result["meta"].update(data)
+                    else:
+                        result["records"].append(data)
+                        print(f"#   {_progress(job, data)}", flush=True)
+            proc.wait()
+        finally:
+            watchdog.cancel()
+            if proc.poll() is None:
+                kill()
+        if proc.returncode != 0 or timed_out.is_set():
+            err.seek(0)
+            tail = err.read()[-3000:]
+            why = (
+                f"timed out after {args.timeout:.0f} s"
+                if timed_out.is_set()
+                else (f"exited with {proc.returncode}")
+            )
+            result["error"] = f"job {job.name} {why}:\n{tail}"
+            print(result["error"], file=sys.stderr, flush=True)
+    return result
+
+
+def _progress(job: Job, r: dict) -> str:
+    if "error" in r:
+        return f"{r['collective']} {human(r['bytes'])} {r['transport']}: {r['error']}"
+    return (
+        f"{r['collective']} {human(r['bytes'])} {r['transport']}/{r['algorithm']}: "
+        f"{fmt_time(r['time_us'])}, busbw {r['busbw']:.3g} GB/s ({r['reps']} reps)"
+    )
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def fmt_time(us: float) -> str:
+    if us < 1000:
+        return f"{us:.3g} us"
+    if us < 1e6:
+        return f"{us / 1e3:.3g} ms"
+    return f"{us / 1e6:.3g} s"
+
+
+def build_rows(job: Job, result: dict) -> list[dict]:
+    """One row per (collective, size): each column's time and busbw, and the ratios."""
+    rows: dict[tuple[str, int], dict] = {}
+    for r in result["records"]:
+        key = (r["collective"], r["bytes"])
+        row = rows.setdefault(
+            key,
+            {
+                "job": job.name,
+                "collective": r["collective"],
+                "bytes": r["bytes"],
+                "ranks": job.ranks,
+                "columns": dict.fromkeys(COLUMNS),
+            },
+        )
+        if r["transport"] == job.ours:
+            column = "pycollective"
+        else:
+            column = _COLUMN_OF.get((r["transport"], r["algorithm"]))
+        if column is None:
+            continue
+        if "error" in r:
+            row["columns"][column] = {"error": r["error"]}
+            continue
+        row["columns"][column] = {
+            "time_us": r["time_us"],
+            "busbw_GBps": r["busbw"],
+            "algbw_GBps": r["algbw"],
+            "reps": r["reps"],
+            "batch": r["batch"],
+            "ran": r.get("ran"),
+        }
+    for row in rows.values():
+        cols = row["columns"]
+        row["vs_gloo"] = _ratio(cols["gloo"], cols["pycollective"])
+        mpi = cols["openmpi_in_place"] or cols["openmpi"]
+        row["vs_openmpi"] = _ratio(mpi, cols["pycollective"])
+        if row["collective"] == "all_reduce":
+            row["vs_openmpi_out_of_place"] = _ratio(cols["openmpi"], cols["pycollective"])
+    return list(rows.values())
+
+
+def _ratio(theirs: dict | None, ours: dict | None) -> float | None:
+    """How many times faster ours is: their time over ours."""
+    if not theirs or not ours or "time_us" not in theirs or "time_us" not in ours:
+        return None
+    return theirs["time_us"] / ours["time_us"] if ours["time_us"] > 0 else None
+
+
+def _cell(c: dict | None, nbytes: int) -> str:
+    if c is None:
+        return "-"
+    if "error" in c:
+        return "error"
+    text = fmt_time(c["time_us"])
+    if nbytes >= 1 << 20:
+        text += f" · {c['busbw_GBps']:.3g} GB/s"
+    return text
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def markdown_table(job: Job, rows: list[dict], skipped: dict[str, str]) -> list[str]:
+    heads = [job.headers.get(c, c) for c in COLUMNS]
+    lines = [
+        f"**{job.title}**",
+        "",
+        "| collective | size | " + " | ".join(heads) + " | vs gloo | vs OpenMPI |",
+        "|---|--:|" + "--:|" * len(COLUMNS) + "--:|--:|",
+    ]
+    for row in rows:
+        cells = [_cell(row["columns"][c], row["bytes"]) for c in COLUMNS]
+        lines.append(
+            f"| {row['collective']} | {human(row['bytes'])} | "
+            + " | ".join(cells)
+            + f" | {_x(row['vs_gloo'])} | {_x(row['vs_openmpi'])} |"
+        )
+    for backend, why in skipped.items():
+        lines.append(f"\n{backend} left out: {why}")
+    return lines
+
+
+# ----------------------------------------------------------------------------- targets
+
+
+def targets(rows: list[dict], big: int, crowded: int) -> list[dict]:
+    """Issue 3's goals, read off the rows (None where a number is missing)."""
+
+    def row(job: str, coll: str, nbytes: int | None) -> dict | None:
+        cands = [r for r in rows if r["job"] == job and r["collective"] == coll]
+        if nbytes is None:  # the smallest size measured
+            cands.sort(key=lambda r: r["bytes"])
+            return cands[0] if cands else None
+        return next((r for r in cands if r["bytes"] == nbytes), None)
+
+    def time_of(r: dict | None) -> float | None:
+        c = r and r["columns"]["pycollective"]
+        return c["time_us"] if c and "time_us" in c else None
+
+    out = []
+
+    def goal(text: str, value: float | None, need: float, higher: bool = True) -> None:
+        met = None if value is None else (value >= need if higher else value < need)
+        out.append({"goal": text, "value": value, "need": need, "met": met})
+
+    b = human(big)
+    ar = row("shm", "all_reduce", big)
+    goal(f"all_reduce {b}: busbw vs gloo", ar and ar["vs_gloo"], 2.5)
+    goal(f"all_reduce {b}: vs OpenMPI in place", ar and ar["vs_openmpi"], 1.5)
+    small = row("shm", "all_reduce", None)
+    goal(
+        f"all_reduce {human(small['bytes']) if small else '4 B'}: latency vs gloo",
+        small and small["vs_gloo"],
+        10.0,
+    )
+    for coll in ("broadcast", "all_gather"):
+        r = row("shm", coll, big)
+        goal(f"{coll} {b}: vs gloo", r and r["vs_gloo"], 2.5)
+        goal(f"{coll} {b}: vs OpenMPI", r and r["vs_openmpi"], 0.8)
+    r = row("shm", "reduce_scatter", big)
+    goal(f"reduce_scatter {b}: vs OpenMPI", r and r["vs_openmpi"], 2.0)
+    cr = sorted((r for r in rows if r["job"] == "crowded"), key=lambda r: -r["bytes"])
+    if cr:
+        goal(
+            f"{crowded} ranks, all_reduce {human(cr[0]['bytes'])}: vs OpenMPI",
+            cr[0]["vs_openmpi"],
+            1.0,
+        )
+        goal(
+            f"{crowded} ranks, all_reduce {human(cr[-1]['bytes'])}: time (us)",
+            time_of(cr[-1]),
+            100.0,
+            higher=False,
+        )
+    t = row("tcp", "all_reduce", big)
+    goal(f"TCP all_reduce {b}: vs gloo", t and t["vs_gloo"], 1.5)
+    goal(f"TCP all_reduce {b}: vs OpenMPI over TCP", t and t["vs_openmpi"], 1.0)
+    ts = row("tcp", "all_reduce", None)
+    goal(
+        f"TCP all_reduce {human(ts['bytes']) if ts else '4 B'}: time (us)",
+        time_of(ts),
+        100.0,
+        higher=False,
+    )
+    return out
+
+
+def markdown_targets(goals: list[dict]) -> list[str]:
+    lines = ["| goal (issue 3) | measured | needed | met |", "|---|--:|--:|:-:|"]
+    for g in goals:
+        unit = "" if "time" in g["goal"] else "x"
+        value = "-" if g["value"] is None else f"{g['value']:.3g}{unit}"
+        need = f"{'<' if 'time' in g['goal'] else '>='} {g['need']:g}{unit}"
+        met = {True: "yes", False: "**no**", None: "-"}[g["met"]]
+        lines.append(f"| {g['goal']} | {value} | {need} | {met} |")
+    return lines
+
+
+# ----------------------------------------------------------------------------- machine
+
+
+def machine_facts() -> dict:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = {}
+    for pkg in ("numpy", "torch", "mpi4py"):
+        try:
+            versions[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            versions[pkg] = None
+    commit = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        **versions,
+        "commit": commit or None,
+    }
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def plan_jobs(args: argparse.Namespace) -> list[Job]:
+    sweep = sizes(args.min_bytes, args.max_bytes, args.factor)
+    if args.big not in sweep:
+        sweep.append(args.big)
+    n = args.nprocs
+    jobs = {
+        "shm": Job(
+            "shm",
+            f"One host, {n} ranks: pycollective auto (shared memory), gloo, OpenMPI",
+            n,
+            [
+                ("all_reduce", sweep),
+                ("broadcast", [args.big]),
+                ("all_gather", [args.big]),
+                ("reduce_scatter", [args.big]),
+            ],
+            "shm",
+            headers={"openmpi_in_place": "OpenMPI in place"},
+        ),
+        "tcp": Job(
+            "tcp",
+            f"TCP only, {n} ranks: PYCOLLECTIVE_TRANSPORT=tcp, gloo, OpenMPI --mca btl tcp,self",
+            n,
+            [("all_reduce", sweep)],
+            "tcp",
+            env={"PYCOLLECTIVE_TRANSPORT": "tcp"},
+            mpi_args=(
+                "--mca",
+                "pml",
+                "ob1",
+                "--mca",
+                "btl",
+                "tcp,self",
+                "--mca",
+                "btl_tcp_if_include",
+                "lo",
+            ),
+            headers={
+                "pycollective": "pycollective tcp",
+                "openmpi": "OpenMPI tcp",
+                "openmpi_in_place": "OpenMPI tcp in place",
+            },
+        ),
+        "crowded": Job(
+            "crowded",
+            f"{args.crowded} ranks on {os.cpu_count()} cores: pycollective auto, "
+            "gloo, OpenMPI (--oversubscribe)",
+            args.crowded,
+            [("all_reduce", sorted(args.crowded_sizes))],
+            "shm",
+            headers={"openmpi_in_place": "OpenMPI in place"},
+        ),
+    }
+    for job in jobs.values():
+        job.headers = {
+            "pycollective": "pycollective",
+            "gloo": "gloo",
+            "openmpi": "OpenMPI",
+            **job.headers,
+        }
+    wanted = args.jobs.split(",")
+    unknown = set(wanted) - set(jobs)
+    if unknown:
+        raise SystemExit(f"compare_peers: unknown job(s) {sorted(unknown)}; use {list(jobs)}")
+    if args.crowded < 2 and "crowded" in wanted:
+        wanted.remove("crowded")
+    return [jobs[name] for name in wanted]
+
+
+def _sizes_list(text: str) -> list[int]:
+    return [parse_size(s) for s in text.split(",") if s.strip()]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-n", "--nprocs", type=int, default=2, help="ranks of the shm and tcp jobs")
+    p.add_argument(
+        "--crowded",
+        type=int,
+        default=4,
+        help="ranks of the crowded job (default 4; 0 leaves it out)",
+    )
+    p.add_argument(
+        "--crowded-sizes",
+        type=_sizes_list,
+        default=[4, 16 << 20],
+        help="all_reduce sizes of the crowded job (default 4,16M)",
+    )
+    p.add_argument("-b", "--min-bytes", type=parse_size, default=4)
+    p.add_argument("-e", "--max-bytes", type=parse_size, default=64 << 20)
+    p.add_argument("-f", "--factor", type=int, default=4, help="all_reduce size step")
+    p.add_argument(
+        "--big",
+        type=parse_size,
+        default=64 << 20,
+        help="size of broadcast, all_gather, reduce_scatter (default 64M)",
+    )
+    p.add_argument("--jobs", default="shm,tcp,crowded")
+    p.add_argument("--reps", type=int, default=21, help="most repetitions per size")
+    p.add_argument("--min-reps", type=int, default=11, help="fewest repetitions (default 11)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=3.0,
+        help="seconds of repetitions per size, all libraries (beyond --min-reps)",
+    )
+    p.add_argument("--timeout", type=float, default=1200.0, help="per job, seconds")
+    p.add_argument("--json", default=str(DEFAULT_JSON), help="where the JSON goes")
+    p.add_argument("--markdown", metavar="FILE", help="also write the tables here")
+    p.add_argument(
+        "--no-install",
+        action="store_true",
+        help="never install OpenMPI or mpi4py; leave their columns out instead",
+    )
+    p.add_argument("--no-openmpi", action="store_true", help="leave OpenMPI out")
+    args = p.parse_args(argv)
+    if args.nprocs < 2 or args.factor < 2 or args.min_bytes > args.max_bytes:
+        p.error("need -n >= 2, -f >= 2 and -b <= -e")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    jobs = plan_jobs(args)
+    skipped: dict[str, str] = {}
+    mpirun = None
+    if args.no_openmpi:
+        skipped["openmpi"] = "--no-openmpi"
+    else:
+        mpirun, why = ensure_openmpi(not args.no_install)
+        if why:
+            skipped["openmpi"] = why
+    why = gloo_missing()
+    if why:
+        skipped["gloo"] = why
+    for name, reason in skipped.items():
+        print(f"# {name} left out: {reason}", flush=True)
+    backends_all = [b for b in ("gloo", "openmpi") if b not in skipped]
+
+    load_before = os.getloadavg()
+    limits = numpy_limits(args.big, 11)
+    results, rows = [], []
+    for job in jobs:
+        res = run_job(job, [job.ours, *backends_all], mpirun, args)
+        res["skipped"] = skipped
+        results.append(res)
+        rows += build_rows(job, res)
+    load_after = os.getloadavg()
+
+    goals = targets(rows, args.big, args.crowded)
+    facts = machine_facts()
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    mpi_lib = next(
+        (r["meta"].get("mpi_library") for r in results if r["meta"].get("mpi_library")), None
+    )
+    md = [
+        f"Measured {when} on {facts['cores']} cores ({facts['cpu'] or 'unknown CPU'}), "
+        f"load average {load_before[0]:.2f} before and {load_after[0]:.2f} after; "
+        f"float32, median of >= {args.min_reps} repetitions; torch {facts['torch']} (gloo), "
+        f"{mpi_lib or 'OpenMPI not measured'}, mpi4py {facts['mpi4py']}; commit "
+        f"{facts['commit']}.",
+        f"One core of numpy: memcpy {limits['memcpy_GBps']:.3g} GB/s, add "
+        f"{limits['add_GBps']:.3g} GB/s ({human(limits['bytes'])} float32).",
+        "Cells: time per call · busbw; vs = how many times faster pycollective is "
+        "(against OpenMPI's in-place all_reduce).",
+        "",
+    ]
+    by_name = {j.name: j for j in jobs}
+    for res in results:
+        job = by_name[res["name"]]
+        md += markdown_table(job, [r for r in rows if r["job"] == job.name], {})
+        if "error" in res:
+            md.append(f"\n(job failed: {res['error'].splitlines()[0]})")
+        md.append("")
+    for backend, reason in skipped.items():
+        md.append(f"{backend} left out: {reason}")
+    md += ["", *markdown_targets(goals)]
+    text = "\n".join(md)
+    print("\n" + text, flush=True)
+
+    out = {
+        "format": "pycollective-compare-peers/1",
+        "when": when,
+        "machine": facts,
+        "load_average": {"before": load_before, "after": load_after},
+        "numpy_one_core": limits,
+        "mpi_library": mpi_lib,
+        "settings": {k: v for k, v in vars(args).items() if k not in ("json", "markdown")},
+        "columns": list(COLUMNS),
+        "skipped": skipped,
+        "jobs": results,
+        "rows": rows,
+        "targets": goals,
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(out, indent=1))
+    print(f"# JSON: {args.json}")
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+        print(f"# markdown: {args.markdown}")
+    return 1 if any("error" in r for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""benchmarks/compare_peers.py: a tiny run end to end (every column in the JSON), and its
+table arithmetic on made-up records."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from benchmarks import compare_peers as cp
+from tests._launch import REPO
+
+SCRIPT = REPO / "benchmarks" / "compare_peers.py"
+
+
+@pytest.mark.timeout(180)
+def test_tiny_run_has_every_column(tmp_path) -> None:
+    out_json, out_md = tmp_path / "c.json", tmp_path / "c.md"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--jobs", "shm", "-b", "4", "-e", "4K", "-f", "1024",
+         "--big", "4K", "--reps", "2", "--min-reps", "2", "--warmup", "1", "--budget", "0.01",
+         "--no-install", "--json", str(out_json), "--markdown", str(out_md)],
+        cwd=REPO, capture_output=True, text=True, timeout=170,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out_json.read_text())
+    skipped = data["skipped"]
+    assert "gloo" not in skipped, skipped["gloo"]  # torch is a test dependency
+    assert data["columns"] == ["pycollective", "gloo", "openmpi", "openmpi_in_place"]
+    assert data["numpy_one_core"]["memcpy_GBps"] > 0 and data["load_average"]["before"]
+    rows = {(r["job"], r["collective"], r["bytes"]): r for r in data["rows"]}
+    expected = {("shm", "all_reduce", 4), ("shm", "all_reduce", 4096), ("shm", "broadcast", 4096),
+                ("shm", "all_gather", 4096), ("shm", "reduce_scatter", 4096)}  # fmt: skip
+    assert set(rows) == expected
+    mpi = "openmpi" not in skipped
+    for key, row in rows.items():
+        cols = row["columns"]
+        for name in ("pycollective", "gloo") + (("openmpi",) if mpi else ()):
+            c = cols[name]
+            assert c and c["time_us"] > 0 and c["reps"] >= 2, (key, name, c)
+        assert row["vs_gloo"] == pytest.approx(
+            cols["gloo"]["time_us"] / cols["pycollective"]["time_us"]
+        )
+        assert cols["pycollective"]["ran"] == "shm", (key, cols)  # auto ran the arena
+        if mpi and key[1] == "all_reduce":
+            assert cols["openmpi_in_place"]["time_us"] > 0
+            assert row["vs_openmpi"] == pytest.approx(
+                cols["openmpi_in_place"]["time_us"] / cols["pycollective"]["time_us"]
+            )
+    md = out_md.read_text()
+    assert "| collective | size | pycollective | gloo | OpenMPI | OpenMPI in place |" in md
+    assert "| goal (issue 3) |" in md and md in proc.stdout
+    if not mpi:
+        pytest.skip(f"OpenMPI columns not checked: {skipped['openmpi']}")
+    (job,) = data["jobs"]
+    assert job["meta"]["mpi_library"].startswith("Open MPI")
+    assert job["command"].startswith("mpirun")
+
+
+def test_job_commands() -> None:
+    args = cp.parse_args(["--no-install"])
+    jobs = {j.name: j for j in cp.plan_jobs(args)}
+    assert [s for _, s in jobs["shm"].plan][0][-1] == 64 << 20
+    assert {c for c, _ in jobs["shm"].plan} == {
+        "all_reduce", "broadcast", "all_gather", "reduce_scatter"}  # fmt: skip
+    env: dict[str, str] = {}
+    tcp = cp.job_command(jobs["tcp"], ["tcp", "gloo", "openmpi"], "mpirun", "{}", env)
+    assert "btl" in tcp and tcp[tcp.index("btl") + 1] == "tcp,self"
+    assert cp._clean_env(jobs["tcp"])["PYCOLLECTIVE_TRANSPORT"] == "tcp"
+    assert "PYCOLLECTIVE_TRANSPORT" not in cp._clean_env(jobs["shm"])
+    assert env["MASTER_ADDR"] == "127.0.0.1"
+    crowded = cp.job_command(jobs["crowded"], ["shm", "openmpi"], "mpirun", "{}", {})
+    assert crowded[1:3] == ["-n", "4"] and "--oversubscribe" in crowded
+    ours = cp.job_command(jobs["shm"], ["shm", "gloo"], None, "{}", {})
+    assert ours[1:5] == ["-m", "pycollective", "run", "-n"]
+
+
+def _rec(transport: str, algorithm: str, coll: str, nbytes: int, us: float) -> dict:
+    return {"transport": transport, "algorithm": algorithm, "collective": coll, "bytes": nbytes,
+            "time_us": us, "busbw": nbytes / us / 1e3, "algbw": nbytes / us / 1e3, "reps": 11,
+            "batch": 1, "ran": "shm"}  # fmt: skip
+
+
+def test_rows_ratios_and_goals() -> None:
+    job = cp.Job("shm", "t", 2, [], "shm")
+    big = 64 << 20
+    recs = [_rec("shm", "auto", "all_reduce", big, 10_000.0),
+            _rec("gloo", "gloo", "all_reduce", big, 30_000.0),
+            _rec("openmpi", "out_of_place", "all_reduce", big, 12_000.0),
+            _rec("openmpi", "in_place", "all_reduce", big, 16_000.0),
+            _rec("shm", "auto", "all_reduce", 4, 5.0),
+            _rec("gloo", "gloo", "all_reduce", 4, 40.0),
+            _rec("shm", "auto", "broadcast", big, 8_000.0),
+            {"transport": "gloo", "collective": "broadcast", "algorithm": "gloo", "bytes": big,
+             "error": "no"}]  # fmt: skip
+    rows = cp.build_rows(job, {"records": recs})
+    ar = next(r for r in rows if r["collective"] == "all_reduce" and r["bytes"] == big)
+    assert ar["vs_gloo"] == pytest.approx(3.0)
+    assert ar["vs_openmpi"] == pytest.approx(1.6)  # against the in-place call
+    assert ar["vs_openmpi_out_of_place"] == pytest.approx(1.2)
+    bc = next(r for r in rows if r["collective"] == "broadcast")
+    assert bc["columns"]["gloo"] == {"error": "no"} and bc["vs_gloo"] is None
+    goals = {g["goal"]: g for g in cp.targets(rows, big, 4)}
+    assert goals["all_reduce 64 MiB: busbw vs gloo"]["met"] is True
+    assert goals["all_reduce 64 MiB: vs OpenMPI in place"]["met"] is True
+    assert goals["all_reduce 4 B: latency vs gloo"]["met"] is False  # 8x < 10x
+    assert goals["reduce_scatter 64 MiB: vs OpenMPI"]["met"] is None  # not measured
+    table = "\n".join(cp.markdown_table(job, rows, {}))
+    assert "| all_reduce | 64 MiB | 10 ms · 6.71 GB/s | 30 ms · 2.24 GB/s |" in table
+    assert "| 3.00x | 1.60x |" in table
