@@ -58,6 +58,7 @@ from ._state import (
 )
 from ._torch_stores import FileStore, HashStore, PrefixStore, Store, TCPStore
 from ._work import Future, Work
+from .shm.shared import empty, empty_like
 
 __version__ = "0.1.0"
 
@@ -126,6 +127,8 @@ __all__ = [
     "broadcast",
     "broadcast_object_list",
     "destroy_process_group",
+    "empty",
+    "empty_like",
     "gather",
     "gather_object",
     "get_backend",

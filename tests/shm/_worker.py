@@ -31,9 +31,14 @@ def attempt(step: str, fn) -> BaseException | None:
     try:
         fn()
     except Exception as exc:  # noqa: BLE001 - reported to the test
-        report(step=step, error=type(exc).__name__, msg=str(exc),
-               elapsed=time.monotonic() - t0, peer=getattr(exc, "peer", None),
-               waiting_on=list(getattr(exc, "waiting_on", ()) or ()))
+        report(
+            step=step,
+            error=type(exc).__name__,
+            msg=str(exc),
+            elapsed=time.monotonic() - t0,
+            peer=getattr(exc, "peer", None),
+            waiting_on=list(getattr(exc, "waiting_on", ()) or ()),
+        )
         return exc
     report(step=step, error=None, elapsed=time.monotonic() - t0)
     return None
@@ -47,10 +52,15 @@ def info() -> None:
     y = np.ones(10, np.int32)
     if RANK % 2 == 0:
         dist.all_reduce(y, group=sub)
-    report(step="info", error=None, elapsed=0.0, shm=g.shm is not None,
-           sub_shm=sub.shm is not None if RANK % 2 == 0 else None,
-           algorithms=dist.algorithms("all_reduce"),
-           ok=bool((x == P * (P + 1) / 2).all() and (RANK % 2 or (y == len(sub.ranks)).all())))
+    report(
+        step="info",
+        error=None,
+        elapsed=0.0,
+        shm=g.shm is not None,
+        sub_shm=sub.shm is not None if RANK % 2 == 0 else None,
+        algorithms=dist.algorithms("all_reduce"),
+        ok=bool((x == P * (P + 1) / 2).all() and (RANK % 2 or (y == len(sub.ranks)).all())),
+    )
 
 
 def kill(victim: int, n: int) -> None:
@@ -63,8 +73,13 @@ def kill(victim: int, n: int) -> None:
             last = time.monotonic()
             dist.all_reduce(data)
     except Exception as exc:  # noqa: BLE001
-        report(step="loop", error=type(exc).__name__, msg=str(exc),
-               elapsed=time.monotonic() - last, peer=getattr(exc, "peer", None))
+        report(
+            step="loop",
+            error=type(exc).__name__,
+            msg=str(exc),
+            elapsed=time.monotonic() - last,
+            peer=getattr(exc, "peer", None),
+        )
 
 
 def mixed() -> None:
@@ -72,9 +87,14 @@ def mixed() -> None:
     if RANK == 0:
         attempt("call", lambda: dist.all_reduce(np.ones(8, np.float32)))
     else:
-        attempt("call", lambda: dist.gather(np.ones(8, np.float32), dst=1 if P > 1 else 0,
-                                            gather_list=[np.zeros(8, np.float32)] * P
-                                            if RANK == 1 else None))
+        attempt(
+            "call",
+            lambda: dist.gather(
+                np.ones(8, np.float32),
+                dst=1 if P > 1 else 0,
+                gather_list=[np.zeros(8, np.float32)] * P if RANK == 1 else None,
+            ),
+        )
     attempt("after", lambda: dist.all_reduce(np.ones(8, np.float32)))
 
 
@@ -92,6 +112,73 @@ def hang() -> None:
         time.sleep(0.01)
 
 
+def shared_buffers() -> None:
+    """Collectives on pycollective.empty() buffers: all shared (the direct path), only some
+    shared (the arena path), views at an offset, fresh buffers each call. (Torch tensors
+    from torch.from_numpy are the same memory; importing torch here would take seconds.)"""
+    from pycollective.shm import shared
+
+    def fill(a: np.ndarray, salt: int) -> None:
+        a[...] = (np.arange(a.size) % 13 + RANK * 5 + salt).reshape(a.shape)
+
+    def want(n: int, salt: int, dt, reduce=np.add) -> np.ndarray:
+        every = [(np.arange(n) % 13 + q * 5 + salt).astype(dt) for q in range(P)]
+        out = every[0]
+        for x in every[1:]:
+            out = reduce(out, x)
+        return out
+
+    ok = []
+    for n in (1, 5000, 60_000):  # small path, one chunk, several chunks
+        for dt in (np.float32, np.int64):
+            a = dist.empty(n, dt)
+            fill(a, 1)
+            dist.all_reduce(a)
+            ok.append(np.array_equal(a, want(n, 1, dt)))
+            fill(a, 2)
+            dist.all_reduce(a, op=dist.ReduceOp.MAX)
+            ok.append(np.array_equal(a, want(n, 2, dt, np.maximum)))
+            fill(a, 3)
+            dist.reduce(a, dst=P - 1)
+            mine = (np.arange(n) % 13 + RANK * 5 + 3).astype(dt)
+            ok.append(np.array_equal(a, want(n, 3, dt) if RANK == P - 1 else mine))
+    n = 40_000
+    mixed = dist.empty(n, np.float64) if RANK % 2 == 0 else np.zeros(n, np.float64)
+    fill(mixed, 4)  # some ranks shared, some not: the arena path
+    dist.all_reduce(mixed)
+    ok.append(np.array_equal(mixed, want(n, 4, np.float64)))
+    big = dist.empty((3, n), np.float32)  # a view at an offset in its block
+    fill(big[1], 5)
+    dist.all_reduce(big[1], op=dist.ReduceOp.AVG)
+    ok.append(np.allclose(big[1], want(n, 5, np.float64) / P))
+    for i in range(8):  # a fresh buffer per call: peers' cached mappings stay bounded
+        fresh = dist.empty(n, np.float32)
+        fill(fresh, i)
+        dist.all_reduce(fresh)
+        ok.append(np.array_equal(fresh, want(n, i, np.float32)))
+    maps = len(dist.group.WORLD.shm.peer_maps) if dist.group.WORLD.shm is not None else 0
+    report(
+        step="shared",
+        error=None,
+        elapsed=0.0,
+        ok=all(ok),
+        failed=[i for i, good in enumerate(ok) if not good],
+        maps=maps,
+        shared_alive=len(shared._REGISTRY),
+    )
+
+
+def shared_kill() -> None:
+    """Every rank holds a shared buffer it used in a collective; then the last is killed."""
+    a = dist.empty(1 << 18, np.float32)
+    a[:] = 1
+    dist.all_reduce(a)
+    report(step="used", error=None, elapsed=0.0, ok=bool((a == P).all()))
+    if RANK == P - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5)
+
+
 def main() -> None:
     scenario, *args = sys.argv[1:]
     report(step="pid", error=None, elapsed=0.0, pid=os.getpid())
@@ -107,6 +194,11 @@ def main() -> None:
         never()
     elif scenario == "hang":
         hang()
+    elif scenario == "shared":
+        shared_buffers()
+    elif scenario == "shared_kill":
+        shared_kill()
+        return  # the survivors exit without destroy (their peer is gone)
     elif scenario == "raise":
         dist.all_reduce(np.ones(4, np.float32))
         raise RuntimeError("deliberate")

@@ -155,14 +155,21 @@ def _rank_main(name: str, nbytes: int, p: int, r: int, out) -> None:
         seg = arena.Segment.attach(name, nbytes)
         a = arena.Arena(seg, p, r, SLOT)
 
-        def phase() -> None:
-            a.wait_all(a.bump(), lambda t: None)
+        phase = collectives.Sync(a, lambda t: None)
 
-        for dt, op in ((np.float32, ReduceOp.SUM), (np.int64, ReduceOp.MAX),
-                       (np.bool_, ReduceOp.BOR), (np.float64, ReduceOp.PRODUCT)):
+        for dt, op in (
+            (np.float32, ReduceOp.SUM),
+            (np.int64, ReduceOp.MAX),
+            (np.bool_, ReduceOp.BOR),
+            (np.float64, ReduceOp.PRODUCT),
+        ):
             k = collectives.reducer(op, from_numpy(np.dtype(dt)))
-            ref = {ReduceOp.SUM: np.add, ReduceOp.MAX: np.maximum, ReduceOp.BOR: np.logical_or,
-                   ReduceOp.PRODUCT: np.multiply}[op]
+            ref = {
+                ReduceOp.SUM: np.add,
+                ReduceOp.MAX: np.maximum,
+                ReduceOp.BOR: np.logical_or,
+                ReduceOp.PRODUCT: np.multiply,
+            }[op]
             for n in COUNTS:
                 every = [_data(q, n, dt) for q in range(p)]
                 want = every[0].copy()
@@ -202,8 +209,7 @@ def test_arena_collectives_match_numpy(p: int) -> None:
     arena.Arena(seg, p, 0, SLOT).init_header()
     ctx = mp.get_context("fork")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(seg.name, nbytes, p, r, out))
-             for r in range(p)]
+    procs = [ctx.Process(target=_rank_main, args=(seg.name, nbytes, p, r, out)) for r in range(p)]
     try:
         for proc in procs:
             proc.start()
@@ -246,3 +252,41 @@ def test_peer_announcements_judged_with_its_counter() -> None:
         group._check_peer(1, mine, target + 1)
     peer.announce(10, 1, 2, 100, 0, 0, 3)
     group._check_peer(1, mine, target + 1)
+
+
+# ---------------------------------------------------------------------- shared arrays
+
+
+def test_empty_arrays_are_shared_blocks_freed_with_the_array() -> None:
+    import gc
+
+    import pycollective as dist
+    from pycollective._errors import UsageError
+    from pycollective.shm import shared
+
+    before = len(shared._REGISTRY)
+    a = dist.empty((4, 1000), np.float64)
+    assert a.shape == (4, 1000) and a.flags.c_contiguous and a.flags.writeable
+    fd1, ino, off, length = shared.describe(a)
+    assert fd1 > 0 and off == 0 and length >= a.nbytes
+    assert shared.describe(a[2])[2] == 2 * 1000 * 8  # a view: same block, its offset
+    assert shared.describe(np.zeros(10)) == shared.NOT_SHARED
+    assert dist.empty_like(a).shape == a.shape
+    # A peer (here: this process, through /proc) maps the block and sees our writes.
+    maps = shared.PeerMaps()
+    peer = maps.view(os.getpid(), fd1, ino, 8000, length, np.dtype(np.float64), 1000)
+    a[1] = 7.0
+    assert (peer == 7.0).all()
+    with pytest.raises(OSError, match="not the announced block"):
+        shared.PeerMaps().view(os.getpid(), fd1, ino + 1, 0, length, np.dtype(np.uint8), 1)
+    with pytest.raises(OSError, match="exceeds"):
+        maps.view(os.getpid(), fd1, ino, 0, length, np.dtype(np.float64), length)
+    del a, peer
+    gc.collect()
+    assert len(shared._REGISTRY) == before  # the owner's fd is closed with its last array
+    maps._prune(os.getpid())
+    assert len(maps) == 0  # and a peer drops its mapping at its next miss
+    with pytest.raises(UsageError, match="negative"):
+        dist.empty((2, -1))
+    with pytest.raises(UsageError, match="ProcessGroup"):
+        dist.empty(3, group="world")

@@ -27,7 +27,7 @@ def _steps(r: RankResult) -> dict[str, dict]:
     out = {}
     for line in r.stdout.splitlines():
         if line.startswith("RESULT "):
-            d = json.loads(line[len("RESULT "):])
+            d = json.loads(line[len("RESULT ") :])
             out[d["step"]] = d
     return out
 
@@ -38,14 +38,18 @@ def _where(r: RankResult) -> str:
 
 def _no_segments_of(pids: list[int]) -> None:
     """Every segment name carries its creator's pid: none of this job's may remain."""
-    left = [n for n in os.listdir(arena.SHM_DIR)
-            if n.startswith("pycollective-") and any(f"-{pid}-" in n for pid in pids)]
+    left = [
+        n
+        for n in os.listdir(arena.SHM_DIR)
+        if n.startswith("pycollective-") and any(f"-{pid}-" in n for pid in pids)
+    ]
     assert left == [], left
 
 
 def _job(nprocs: int, *args: str, env=None, per_rank_env=None, timeout: float = 60.0):
-    results = run_ranks(WORKER, nprocs, tuple(args), env=env, per_rank_env=per_rank_env,
-                        timeout=timeout)
+    results = run_ranks(
+        WORKER, nprocs, tuple(args), env=env, per_rank_env=per_rank_env, timeout=timeout
+    )
     steps = {r.rank: _steps(r) for r in results}
     _no_segments_of([s["pid"]["pid"] for s in steps.values() if "pid" in s])
     return results, steps
@@ -54,15 +58,29 @@ def _job(nprocs: int, *args: str, env=None, per_rank_env=None, timeout: float = 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_battery_with_shm_forced(world_size: int) -> None:
-    assert_all_ok(run_ranks(BATTERY, world_size, args=("--quick",), timeout=180,
-                            env={"PYCOLLECTIVE_TRANSPORT": "shm"}))
+    assert_all_ok(
+        run_ranks(
+            BATTERY,
+            world_size,
+            args=("--quick",),
+            timeout=180,
+            env={"PYCOLLECTIVE_TRANSPORT": "shm"},
+        )
+    )
 
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_battery_with_tcp_forced(world_size: int) -> None:
-    assert_all_ok(run_ranks(BATTERY, world_size, args=("--quick",), timeout=180,
-                            env={"PYCOLLECTIVE_TRANSPORT": "tcp"}))
+    assert_all_ok(
+        run_ranks(
+            BATTERY,
+            world_size,
+            args=("--quick",),
+            timeout=180,
+            env={"PYCOLLECTIVE_TRANSPORT": "tcp"},
+        )
+    )
 
 
 @pytest.mark.timeout(60)
@@ -103,8 +121,13 @@ def test_shm_forced_across_hosts_fails_every_rank_clearly() -> None:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("nprocs,victim,count", [(2, 1, 1 << 22), (3, 0, 1 << 20), (4, 2, 64)])
 def test_killed_rank_reaches_every_survivor_within_two_seconds(nprocs, victim, count) -> None:
-    results, steps = _job(nprocs, "kill", str(victim), str(count),
-                          env={"PYCOLLECTIVE_TIMEOUT": "60", "PYCOLLECTIVE_TRANSPORT": "shm"})
+    results, steps = _job(
+        nprocs,
+        "kill",
+        str(victim),
+        str(count),
+        env={"PYCOLLECTIVE_TIMEOUT": "60", "PYCOLLECTIVE_TRANSPORT": "shm"},
+    )
     for r in results:
         if r.rank == victim:
             assert r.returncode == -9, _where(r)
@@ -151,9 +174,21 @@ def test_exception_exit_leaves_no_segment() -> None:
 @pytest.mark.timeout(60)
 def test_sigterm_through_the_launcher_leaves_no_segment() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pycollective", "run", "-n", "3", sys.executable, str(WORKER),
-         "hang"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pycollective",
+            "run",
+            "-n",
+            "3",
+            sys.executable,
+            str(WORKER),
+            "hang",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         start_new_session=True,
     )
     pids, ready = [], 0
@@ -170,3 +205,32 @@ def test_sigterm_through_the_launcher_leaves_no_segment() -> None:
     proc.communicate(timeout=30)
     assert proc.returncode != 0
     _no_segments_of(pids)
+
+
+def _shm_entries() -> set[str]:
+    return set(os.listdir(arena.SHM_DIR))
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_collectives_on_shared_buffers_match_numpy(nprocs: int) -> None:
+    before = _shm_entries()
+    # Small chunks, so the direct path runs many steps.
+    results, steps = _job(nprocs, "shared", env={"PYCOLLECTIVE_SHM_CHUNK_BYTES": "65536"})
+    for r in results:
+        info = steps[r.rank]["shared"]
+        assert r.returncode == 0 and info["ok"], (info, _where(r))
+        # Each peer still holds 3 buffers it used (the last `a`, `big`, the last `fresh`): the
+        # 7 fresh ones it freed were dropped.
+        assert info["maps"] <= 3 * (nprocs - 1), info
+    # memfd blocks have no name: /dev/shm gains nothing (others' jobs may add their own
+    # arenas meanwhile, but none named after our pids: checked in _job)
+    assert not {n for n in _shm_entries() - before if "memfd" in n}
+
+
+@pytest.mark.timeout(60)
+def test_kill_9_with_shared_buffers_leaves_nothing_in_dev_shm() -> None:
+    results, steps = _job(3, "shared_kill", env={"PYCOLLECTIVE_TIMEOUT": "20"})
+    assert results[2].returncode == -9
+    for r in results:
+        assert steps[r.rank]["used"]["ok"], _where(r)

@@ -13,9 +13,9 @@ unlink a segment it did not create at exit.
 
 Layout: a 4 KiB header (magic, group size, slot size, creator pid), then one 128-byte
 control block per rank (two cache lines, written only by its rank, so ranks never write
-the same line), then the data: two halves, each with one slot of `slot_bytes` per rank.
-Consecutive chunks of a collective alternate halves, so a rank can fill the next half
-while slower ranks still read the previous one.
+the same line), then the data: NBUF buffers, each with one slot of `slot_bytes` per
+rank. Consecutive chunks of a collective take consecutive buffers (round robin), so a
+rank can fill the next ones while slower ranks still read earlier ones.
 
 Synchronisation: each rank owns a monotone phase counter (`EPOCH`). A phase is "bump my
 counter, wait until every peer's counter is as high". Every rank runs the same phases for
@@ -59,6 +59,14 @@ COUNT = 6
 ROOT = 7
 OP = 8
 ALGO = 9
+# The buffer of this rank's current call when it lives in shared memory (`pycollective.empty`),
+# announced with the call so peers can read it directly: fd + 1 (0: not shared), the inode
+# of that fd, and the byte offset and length of the data in the file.
+BUF_FD = 10
+BUF_INO = 11
+BUF_OFF = 12
+BUF_LEN = 13
+NBUF = 4  # data buffers, taken round robin by consecutive chunks
 
 # Header words
 _H_MAGIC, _H_SIZE, _H_SLOT, _H_PID = 0, 1, 2, 3
@@ -79,8 +87,8 @@ def _cores() -> int:
 
 
 def slot_bytes_for(size: int) -> int:
-    """Slot size per rank per half: 1 MiB (a chunk's working set stays in L2/L3), smaller
-    for big groups so the arena stays ~16 MiB at most. PYCOLLECTIVE_SHM_SLOT_BYTES overrides."""
+    """Slot size per rank per buffer: 1 MiB (a chunk's working set stays in L2/L3), smaller
+    for big groups so the arena stays ~32 MiB at most. PYCOLLECTIVE_SHM_SLOT_BYTES overrides."""
     override = os.environ.get("PYCOLLECTIVE_SHM_SLOT_BYTES")
     if override:
         value = int(override)
@@ -93,7 +101,7 @@ def layout(size: int, slot_bytes: int) -> tuple[int, int, int]:
     """(control offset, data offset, total bytes) of an arena for `size` ranks."""
     ctrl = HEADER_BYTES
     data = ctrl + -(-size * WORDS * 8 // 4096) * 4096
-    return ctrl, data, data + 2 * size * slot_bytes
+    return ctrl, data, data + NBUF * size * slot_bytes
 
 
 # ---------------------------------------------------------------------- the segment
@@ -242,8 +250,8 @@ class Arena:
         self._typed: dict[np.dtype, np.ndarray] = {}
         self.peers = tuple(q for q in range(size) if q != rank)
         self.epoch = self.ctrl[rank * WORDS + EPOCH]
-        self.half = 0  # the half the next chunk goes to; every rank flips alike
-        oversubscribed = size > _cores()
+        self.next_buf = 0  # the buffer the next chunk takes; every rank counts alike
+        self.oversubscribed = oversubscribed = size > _cores()
         # Spin budgets (seconds of sched_yield polling before sleeping). Spinning without
         # yielding is only for the first few checks: with more busy processes than cores a
         # pure spinner can hold the core the peer needs for a whole time slice.
@@ -278,29 +286,44 @@ class Arena:
             view = self._typed[dtype] = self.data.view(dtype)
         return view
 
-    def slot(self, typed: np.ndarray, half: int, q: int) -> np.ndarray:
+    def slot(self, typed: np.ndarray, buf: int, q: int) -> np.ndarray:
+        """Rank q's slot in buffer `buf` (taken modulo NBUF)."""
         per = self.slot_bytes // typed.itemsize
-        start = (half * self.size + q) * per
+        start = ((buf % NBUF) * self.size + q) * per
         return typed[start : start + per]
 
-    def half_region(self, typed: np.ndarray, half: int) -> np.ndarray:
+    def region(self, typed: np.ndarray, buf: int) -> np.ndarray:
+        """All p slots of buffer `buf` as one region."""
         per = self.size * self.slot_bytes // typed.itemsize
-        return typed[half * per : (half + 1) * per]
+        b = buf % NBUF
+        return typed[b * per : (b + 1) * per]
 
-    def flip(self) -> int:
-        """The half for this chunk; the next chunk gets the other one."""
-        h = self.half
-        self.half = h ^ 1
-        return h
+    def take(self, n: int = 1) -> int:
+        """The first of `n` consecutive buffers for the next `n` chunks."""
+        b = self.next_buf
+        self.next_buf = (b + n) % NBUF
+        return b
 
     # ---------------------------------------------------------------- announcements
 
-    def announce(self, seq: int, kind: int, dtype: int, count: int, root: int, op: int,
-                 algo: int) -> None:
+    def announce(
+        self,
+        seq: int,
+        kind: int,
+        dtype: int,
+        count: int,
+        root: int,
+        op: int,
+        algo: int,
+        shared: tuple[int, int, int, int] = (0, 0, 0, 0),
+    ) -> None:
         """Say which call this rank is in (peers check it against theirs). A seqlock:
-        SEQ is 0 while the fields change, so a reader never takes half of two calls."""
+        SEQ is 0 while the fields change, so a reader never takes half of two calls.
+        `shared`: (fd + 1, inode, offset, length) of the call's buffer if it is shared
+        memory peers may map (see shared.py), else zeros."""
         c, base = self.ctrl, self.rank * WORDS
         c[base + SEQ] = 0
+        c[base + BUF_FD], c[base + BUF_INO], c[base + BUF_OFF], c[base + BUF_LEN] = shared
         c[base + KIND] = kind
         c[base + DTYPE] = dtype
         c[base + COUNT] = count
@@ -314,13 +337,31 @@ class Arena:
         c, base = self.ctrl, q * WORDS
         while True:
             seq = c[base + SEQ]
-            fields = (c[base + KIND], c[base + DTYPE], c[base + COUNT], c[base + ROOT],
-                      c[base + OP], c[base + ALGO])
+            fields = (
+                c[base + KIND],
+                c[base + DTYPE],
+                c[base + COUNT],
+                c[base + ROOT],
+                c[base + OP],
+                c[base + ALGO],
+            )
             if seq == c[base + SEQ]:
                 if seq == 0:
                     return None
                 return (seq - 1, *fields)
             # the owner is rewriting it: it finishes within nanoseconds
+
+    def shared_buffer(self, q: int) -> tuple[int, int, int, int, int]:
+        """(pid, fd + 1, inode, offset, length) of rank q's announced buffer; fd + 1 is 0
+        if it is not shared. Stable from q's first phase of a call until its next phase."""
+        c, base = self.ctrl, q * WORDS
+        return (
+            c[base + PID],
+            c[base + BUF_FD],
+            c[base + BUF_INO],
+            c[base + BUF_OFF],
+            c[base + BUF_LEN],
+        )
 
     def epoch_of(self, q: int) -> int:
         return self.ctrl[q * WORDS + EPOCH]

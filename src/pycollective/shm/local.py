@@ -22,7 +22,7 @@ import os
 import time
 import zlib
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import numpy as np
 
@@ -37,6 +37,7 @@ from ..transport._wire import Header
 from . import _hostid
 from . import arena as _arena
 from . import collectives as _coll
+from . import shared as _shared
 from .arena import Arena, Segment
 
 ALGORITHM = "shm"
@@ -72,6 +73,7 @@ class LocalGroup:
         self.group_id = group_id
         self.transport = transport
         self.me = arena.rank if arena is not None else 0
+        self.peer_maps = _shared.PeerMaps()
 
     # ------------------------------------------------------------------ announcements
 
@@ -138,37 +140,69 @@ class LocalGroup:
         if arena is None:
             _run_alone(collective, arrays)
             return
-        self.announce(header)
+        data = arrays.get("data")
+        shared = (
+            _shared.describe(data)
+            if data is not None and collective in ("all_reduce", "reduce")
+            else _shared.NOT_SHARED
+        )
+        h = header
+        arena.announce(h.seq, h.kind, h.dtype, h.count, h.root, h.op, h.algo, shared)
         poll = self._poller(header, deadline, label)
-        first = True
 
-        def phase() -> None:
-            nonlocal first
-            target = arena.bump()
-            arena.wait_all(target, poll)
-            if first:
-                first = False
-                for q in arena.peers:
-                    self._check_peer(q, header, target)
+        def check(target: int) -> None:
+            for q in arena.peers:
+                self._check_peer(q, header, target)
 
+        sync = _coll.Sync(arena, poll, check)
         root = header.root
         red = _reducer(header.op, dtype) if kernel is not None else None
-        if collective == "all_reduce":
-            _coll.all_reduce(arena, arrays["data"], red, phase)  # type: ignore[arg-type]
-        elif collective == "reduce":
-            _coll.reduce(arena, arrays["data"], red, phase, root)  # type: ignore[arg-type]
+        if collective in ("all_reduce", "reduce"):
+            # Worth asking the peers about their buffers only if mine is shared.
+            views = partial(self._peer_views, data, label) if shared != _shared.NOT_SHARED else None
+            if collective == "all_reduce":
+                _coll.all_reduce(arena, data, red, sync, views)  # type: ignore[arg-type]
+            else:
+                _coll.reduce(arena, data, red, sync, root, views)  # type: ignore[arg-type]
         elif collective == "broadcast":
-            _coll.broadcast(arena, arrays["data"], phase, root)
+            _coll.broadcast(arena, arrays["data"], sync, root)
         elif collective == "all_gather":
-            _coll.all_gather(arena, arrays["input"], arrays["output"], phase)
+            _coll.all_gather(arena, arrays["input"], arrays["output"], sync)
         elif collective == "reduce_scatter":
             _coll.reduce_scatter(
-                arena, arrays["input"], arrays["output"], red, phase  # type: ignore[arg-type]
+                arena,
+                arrays["input"],
+                arrays["output"],
+                red,
+                sync,  # type: ignore[arg-type]
             )
         elif collective == "barrier":
-            _coll.barrier(arena, phase)
+            _coll.barrier(arena, sync)
         else:  # pragma: no cover - callers check COLLECTIVES
             raise UsageError(f"{collective} has no shared-memory algorithm")
+
+    def _peer_views(self, data: np.ndarray, label: str) -> list[np.ndarray] | None:
+        """Every rank's buffer of this call, if every rank announced a shared one (the same
+        answer on every rank: asked after the call's first wait); else None."""
+        arena = self.arena
+        assert arena is not None  # noqa: S101 - only called with an arena
+        described = [arena.shared_buffer(q) for q in range(arena.size)]
+        if any(d[1] == 0 for d in described):
+            return None
+        views = []
+        for q, (pid, fd1, ino, off, length) in enumerate(described):
+            if q == arena.rank:
+                views.append(data)
+                continue
+            try:
+                views.append(self.peer_maps.view(pid, fd1, ino, off, length, data.dtype, data.size))
+            except OSError as exc:
+                raise TransportError(
+                    f"rank {self.ranks[self.me]} cannot map rank {self.ranks[q]}'s shared "
+                    f"buffer for {label} ({exc}); use ordinary arrays or "
+                    "PYCOLLECTIVE_TRANSPORT=tcp"
+                ) from exc
+        return views
 
     def _poller(self, header: Header, deadline: float, label: str, check_calls: bool = True):
         arena = self.arena
@@ -275,8 +309,16 @@ def _setup(
         everyone = np.zeros(p * _RECORD, np.uint8)
         plan = build_schedule("all_gather", "ring", me, p, _RECORD)
         run_schedule(
-            plan, {"input": record, "output": everyone}, BYTE, None, transport, ranks, header,
-            deadline, pool, "shm-setup",
+            plan,
+            {"input": record, "output": everyone},
+            BYTE,
+            None,
+            transport,
+            ranks,
+            header,
+            deadline,
+            pool,
+            "shm-setup",
         )
         recs = everyone.reshape(p, _RECORD)
         same_host = all(bytes(recs[q, :16]) == bytes(recs[0, :16]) for q in range(p))
