@@ -36,6 +36,7 @@ import importlib.util
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import statistics
@@ -44,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -201,7 +203,12 @@ def _display(cmd: list[str]) -> str:
 
 
 def job_command(
-    job: Job, backends: list[str], mpirun: str | None, spec: str, env: dict[str, str]
+    job: Job,
+    backends: list[str],
+    mpirun: str | None,
+    spec: str,
+    env: dict[str, str],
+    extra: Sequence[str] = (),
 ) -> list[str]:
     """The command that starts the job's ranks: mpirun when OpenMPI takes part, else our
     launcher. Adds what mpirun's ranks need to `env`."""
@@ -214,7 +221,16 @@ def job_command(
         cmd.append("--allow-run-as-root")
     if job.ranks > (os.cpu_count() or 1):
         cmd.append("--oversubscribe")
-    cmd += [*job.mpi_args, "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "PYTHONUNBUFFERED"]
+    cmd += [
+        *job.mpi_args,
+        *extra,
+        "-x",
+        "MASTER_ADDR",
+        "-x",
+        "MASTER_PORT",
+        "-x",
+        "PYTHONUNBUFFERED",
+    ]
     if "PYCOLLECTIVE_TRANSPORT" in env:
         cmd += ["-x", "PYCOLLECTIVE_TRANSPORT"]
     return cmd + worker
@@ -234,7 +250,7 @@ def run_job(job: Job, backends: list[str], mpirun: str | None, args: argparse.Na
         "gloo_port": free_port(),
     }
     env = _clean_env(job)
-    cmd = job_command(job, backends, mpirun, json.dumps(spec), env)
+    cmd = job_command(job, backends, mpirun, json.dumps(spec), env, shlex.split(args.mpirun_args))
     result: dict = {
         "name": job.name,
         "title": job.title,
@@ -624,15 +640,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", default=str(DEFAULT_JSON), help="where the JSON goes")
     p.add_argument("--markdown", metavar="FILE", help="also write the tables here")
     p.add_argument(
+        "--readme",
+        metavar="FILE",
+        help=f"put the tables into FILE between {BEGIN} and {END} (e.g. README.md)",
+    )
+    p.add_argument(
         "--no-install",
         action="store_true",
         help="never install OpenMPI or mpi4py; leave their columns out instead",
     )
     p.add_argument("--no-openmpi", action="store_true", help="leave OpenMPI out")
+    p.add_argument(
+        "--mpirun-args",
+        default="",
+        help="more mpirun options, e.g. '--bind-to none' (default: mpirun's own defaults)",
+    )
     args = p.parse_args(argv)
     if args.nprocs < 2 or args.factor < 2 or args.min_bytes > args.max_bytes:
         p.error("need -n >= 2, -f >= 2 and -b <= -e")
     return args
+
+
+BEGIN, END = "<!-- compare_peers: begin -->", "<!-- compare_peers: end -->"
+
+
+def replace_block(path: Path, text: str) -> None:
+    """Put `text` between the BEGIN and END markers of `path` (a README)."""
+    doc = path.read_text()
+    if doc.count(BEGIN) != 1 or doc.count(END) != 1 or doc.index(BEGIN) > doc.index(END):
+        raise SystemExit(f"compare_peers: {path} needs one {BEGIN} ... {END} block")
+    head, rest = doc.split(BEGIN)
+    _, tail = rest.split(END)
+    path.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -679,6 +718,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{limits['add_GBps']:.3g} GB/s ({human(limits['bytes'])} float32).",
         "Cells: time per call · busbw; vs = how many times faster pycollective is "
         "(against OpenMPI's in-place all_reduce).",
+        "The libraries take turns in the same ranks, started by "
+        + (f"`{f'mpirun {args.mpirun_args}'.strip()}`" if mpirun else "`pycollective run`")
+        + (" (its default binding)" if mpirun and not args.mpirun_args else "")
+        + "; regenerate with `make compare`.",
         "",
     ]
     by_name = {j.name: j for j in jobs}
@@ -701,7 +744,9 @@ def main(argv: list[str] | None = None) -> int:
         "load_average": {"before": load_before, "after": load_after},
         "numpy_one_core": limits,
         "mpi_library": mpi_lib,
-        "settings": {k: v for k, v in vars(args).items() if k not in ("json", "markdown")},
+        "settings": {
+            k: v for k, v in vars(args).items() if k not in ("json", "markdown", "readme")
+        },
         "columns": list(COLUMNS),
         "skipped": skipped,
         "jobs": results,
@@ -714,6 +759,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")
         print(f"# markdown: {args.markdown}")
+    if args.readme:
+        replace_block(Path(args.readme), text)
+        print(f"# tables put into {args.readme}")
     return 1 if any("error" in r for r in results) else 0
 
 

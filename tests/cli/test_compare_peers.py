@@ -109,3 +109,13 @@ def test_rows_ratios_and_goals() -> None:
     table = "\n".join(cp.markdown_table(job, rows, {}))
     assert "| all_reduce | 64 MiB | 10 ms · 6.71 GB/s | 30 ms · 2.24 GB/s |" in table
     assert "| 3.00x | 1.60x |" in table
+
+
+def test_tables_go_between_the_readme_markers(tmp_path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{cp.BEGIN}\nold\n{cp.END}\n\nafter\n")
+    cp.replace_block(readme, "| new |")
+    assert readme.read_text() == f"# x\n\n{cp.BEGIN}\n| new |\n{cp.END}\n\nafter\n"
+    readme.write_text("no markers")
+    with pytest.raises(SystemExit, match="needs one"):
+        cp.replace_block(readme, "| new |")
