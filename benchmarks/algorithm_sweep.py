@@ -13,8 +13,11 @@ budget) of the slowest rank's time, algorithms taking turns within a size so tha
 on a shared machine hits them alike. `auto` is not timed separately: it runs one of the
 timed algorithms, so the table shows its pick and how far that pick is from the best.
 
---analyze re-prices saved results with other cost parameters (default: the library's
-measured ones, or PYCOLLECTIVE_COST_TCP), without running anything.
+--analyze re-prices saved results with other cost parameters (default: what the library
+uses here: PYCOLLECTIVE_COST_TCP, else this host's calibration cache, else the defaults),
+without running anything. auto is priced as the library prices it: with ranks_per_core =
+ranks / cores of the run (the CPU-work side counts when the ranks outnumber the cores).
+--fit NAMES fits those parameters to the saved medians first (_costfit.py).
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -43,12 +48,17 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--budget", type=float, default=2.5, help="seconds per size (all algos)")
     ap.add_argument("--json", help="write (or add to) results in this file")
     ap.add_argument("--analyze", nargs="*", help="only analyze these saved result files")
-    ap.add_argument("--params", help="alpha,beta,gamma[,overhead] for --analyze")
+    ap.add_argument(
+        "--params",
+        help="alpha,beta,gamma[,overhead[,msg_cpu,byte_cpu,call_cpu]] for --analyze",
+    )
     ap.add_argument(
         "--fit",
-        action="store_true",
-        help="with --analyze: fit alpha, beta, gamma, overhead (and a per-call constant) to "
-        "the saved medians, and analyze with the fitted values",
+        nargs="?",
+        const="msg_cpu,byte_cpu,call_cpu",
+        help="with --analyze: fit these parameters (default the CPU-work side; any of "
+        "alpha,beta,gamma,overhead,msg_cpu,byte_cpu,call_cpu) to the saved medians (with a "
+        "per-call constant per world size), and analyze with the fitted values",
     )
     ap.add_argument("--timeout", type=float, default=600.0, help="per world size")
     return ap.parse_args(argv)
@@ -77,8 +87,27 @@ def _reps(nbytes: int) -> int:
 # ---------------------------------------------------------------------- the ranks
 
 
+def _commit() -> str:
+    """The library's git commit, with "+" when the tree has changes ("" outside git)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return ""
+    return head + ("+" if dirty else "")
+
+
 def run_ranks(args: argparse.Namespace) -> None:
     import pycollective as dist
+    from pycollective import _tuning
     from pycollective.schedule import ALGORITHMS
 
     dist.init_process_group()
@@ -88,6 +117,8 @@ def run_ranks(args: argparse.Namespace) -> None:
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "load": os.getloadavg()[0],
         "cpus": os.cpu_count(),
+        "cores": _tuning.cores(),
+        "commit": _commit(),
         "cells": [],
     }
     started = time.perf_counter()
@@ -159,88 +190,63 @@ def _save(path: str, results: dict) -> None:
 # ---------------------------------------------------------------------- analysis
 
 
-def _terms(coll: str, algo: str, p: int, count: int, params) -> list[float]:
-    """(rounds, bytes, bytes reduced, extra messages) that the model charges for this call
-    at these parameters (which row of a round is the maximum depends on them)."""
-    from pycollective import _tuning
-    from pycollective.schedule import cost
+def _cores(run: dict) -> int:
+    return int(run.get("cores") or run.get("cpus") or 1)
 
+
+def samples(runs: list[dict]) -> list:
+    """The saved medians as _costfit samples (one per-call constant per world size)."""
+    from pycollective import _tuning
+    from pycollective._costfit import Sample
+
+    out = []
     segment = max(1, _tuning.CHAIN_SEGMENT_BYTES // ITEMSIZE)
-    prof = cost.profile(coll, algo, p, count, 0, segment if coll == "broadcast" else 0)
-    tot = [0.0, 0.0, 0.0, 0.0]
-    for rnd in prof:
-        if not rnd:
-            continue
-        row = max(rnd, key=lambda r: cost.price(((r,),), ITEMSIZE, params))
-        tot[0] += row[0]
-        tot[1] += row[1] * ITEMSIZE
-        tot[2] += row[2] * ITEMSIZE
-        tot[3] += row[3]
-    return tot
+    for run in runs:
+        p = run["world_size"]
+        k = max(1.0, p / _cores(run))
+        for cell in run["cells"]:
+            coll = cell["collective"]
+            seg = segment if coll == "broadcast" else 0
+            for algo, t in cell["median"].items():
+                out.append(Sample(coll, algo, p, cell["count"], ITEMSIZE, t, k, seg, p))
+    return out
 
 
-def fit(runs: list[dict], collectives: set[str] | None = None, iters: int = 8):
-    """Cost parameters that best predict the saved medians: least squares on relative
-    error of t = per_call + alpha rounds + beta bytes + gamma reduced + overhead extra,
-    with a per-call constant per world size (it does not change any choice). Returns
-    (CostParams, {world size: per-call seconds})."""
-    from pycollective import _tuning
-    from pycollective.schedule.cost import CostParams
+def fit(runs: list[dict], names: str):
+    """(CostParams, {world size: per-call seconds}) fitted to the saved medians."""
+    from pycollective import _costfit, _tuning
 
-    params = _tuning.cost_params("tcp")
-    sizes = sorted({r["world_size"] for r in runs})
-    for _ in range(iters):
-        rows, ys = [], []
-        for run in runs:
-            p = run["world_size"]
-            for cell in run["cells"]:
-                if collectives and cell["collective"] not in collectives:
-                    continue
-                for algo, t in cell["median"].items():
-                    x = _terms(cell["collective"], algo, p, cell["count"], params)
-                    onehot = [1.0 if q == p else 0.0 for q in sizes]
-                    rows.append([v / t for v in onehot + x])
-                    ys.append(1.0)
-        a, y = np.array(rows), np.array(ys)
-        free = list(range(a.shape[1]))
-        while True:  # non-negative least squares by dropping negative coefficients
-            coef = np.zeros(a.shape[1])
-            coef[free] = np.linalg.lstsq(a[:, free], y, rcond=None)[0]
-            neg = [i for i in free if coef[i] < 0]
-            if not neg:
-                break
-            free.remove(min(neg, key=lambda i: coef[i]))
-        k = len(sizes)
-        params = CostParams(*(float(v) for v in coef[k:]))
-    return params, dict(zip(sizes, (float(v) for v in coef[: len(sizes)]), strict=True))
+    return _costfit.fit(samples(runs), _tuning.cost_params("tcp"), names.split(","))
 
 
 def _params(spec: str | None):
     from pycollective import _tuning
-    from pycollective.schedule.cost import CostParams
 
     if not spec:
         return _tuning.cost_params("tcp")
-    vals = [float(x) for x in spec.split(",")]
-    return CostParams(*vals)
+    return _tuning._parse_override("--params", spec)
 
 
-def auto_pick(coll: str, p: int, count: int, params) -> str:
-    """What auto chooses: the cost model at the count's next power of two (as _group)."""
+def auto_pick(coll: str, p: int, count: int, params, cores: int) -> str:
+    """What auto chooses: the cost model at the count's next power of two, with p ranks
+    sharing `cores` (as _group does on one host)."""
     from pycollective import _tuning
     from pycollective.schedule import cost
 
     priced = 1 << (count - 1).bit_length() if count > 0 else 0
     segment = max(1, _tuning.CHAIN_SEGMENT_BYTES // ITEMSIZE)
+    params = replace(params, ranks_per_core=max(1.0, p / cores))
     return cost.select(coll, p, priced, ITEMSIZE, params, segment=segment)
 
 
-def crossovers(coll: str, p: int, params, max_bytes: int = 64 << 20) -> list[tuple[int, str]]:
+def crossovers(
+    coll: str, p: int, params, cores: int, max_bytes: int = 64 << 20
+) -> list[tuple[int, str]]:
     """[(first row size, algorithm auto picks from there on)] over power-of-two sizes."""
     out: list[tuple[int, str]] = []
     nbytes = ITEMSIZE
     while nbytes <= max_bytes:
-        pick = auto_pick(coll, p, per_rank_count(coll, nbytes, p), params)
+        pick = auto_pick(coll, p, per_rank_count(coll, nbytes, p), params, cores)
         if not out or out[-1][1] != pick:
             out.append((nbytes, pick))
         nbytes *= 2
@@ -252,13 +258,17 @@ def report(runs: list[dict], spec, per_call: dict | None = None) -> str:
     params = params or _params(spec if isinstance(spec, str) else None)
     lines = [
         f"cost params: alpha={params.alpha * 1e6:.1f}us beta={params.beta * 1e9:.3f}ns/B "
-        f"gamma={params.gamma * 1e9:.3f}ns/B overhead={params.overhead * 1e6:.1f}us"
+        f"gamma={params.gamma * 1e9:.3f}ns/B overhead={params.overhead * 1e6:.1f}us "
+        f"msg_cpu={params.msg_cpu * 1e6:.1f}us byte_cpu={params.byte_cpu * 1e9:.3f}ns/B "
+        f"call_cpu={params.call_cpu * 1e6:.1f}us"
     ]
+    geos: list[float] = []
     for run in runs:
         p = run["world_size"]
+        cores = _cores(run)
         lines.append(
             f"\n== world size {p} ({run.get('date', '')}, load {run.get('load', 0):.1f}, "
-            f"{run.get('cpus')} cpus)"
+            f"{cores} cores, commit {run.get('commit') or '?'})"
         )
         by_coll: dict[str, list[dict]] = {}
         for cell in run["cells"]:
@@ -272,7 +282,7 @@ def report(runs: list[dict], spec, per_call: dict | None = None) -> str:
             for cell in cells:
                 med = cell["median"]
                 best = min(med, key=med.get)
-                pick = auto_pick(coll, p, cell["count"], params)
+                pick = auto_pick(coll, p, cell["count"], params, cores)
                 ratio = med[pick] / med[best]
                 ratios.append(ratio)
                 lines.append(
@@ -281,15 +291,19 @@ def report(runs: list[dict], spec, per_call: dict | None = None) -> str:
                     + f" {best[:12]:>12s} {pick[:12]:>12s} {ratio:9.2f}"
                 )
             geo = float(np.exp(np.mean(np.log(ratios))))
+            geos.extend(ratios)
             lines.append(
                 f"auto vs best: worst {max(ratios):.2f}x, geometric mean {geo:.3f}x, "
                 f"best picked in {sum(r == 1.0 for r in ratios)}/{len(ratios)} sizes"
             )
-            xs = crossovers(coll, p, params)
+            xs = crossovers(coll, p, params, cores)
             lines.append(
                 "auto crossovers: "
                 + ", then ".join(f"{a} from {_bench.fmt_bytes(n)}" for n, a in xs)
             )
+    if geos:
+        geo = float(np.exp(np.mean(np.log(geos))))
+        lines.append(f"\nall cells: auto/best geometric mean {geo:.3f}x over {len(geos)}")
     return "\n".join(lines)
 
 
@@ -305,15 +319,8 @@ def main(argv: list[str] | None = None) -> int:
                 runs.extend(json.load(f))
         runs.sort(key=lambda r: r["world_size"])
         if args.fit:
-            params, per_call = fit(runs)
-            print(
-                "fitted: "
-                + ", ".join(
-                    f"{k}={v!r}" for k, v in params.__dict__.items() if not k.startswith("_")
-                )
-                if hasattr(params, "__dict__")
-                else f"fitted: {params}"
-            )
+            params, per_call = fit(runs, args.fit)
+            print(f"fitted: {params}")
             print(
                 "per-call constants: "
                 + ", ".join(f"p={p}: {c * 1e6:.0f}us" for p, c in per_call.items())

@@ -6,6 +6,10 @@ import os
 
 import pytest
 
+# auto's cost parameters must not depend on what `pycollective calibrate` cached on this
+# machine: tests (and the ranks they start) use the defaults unless a test says otherwise.
+os.environ.setdefault("PYCOLLECTIVE_COST_CACHE", "off")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _flight_dumps_in_a_temporary_dir(tmp_path_factory):

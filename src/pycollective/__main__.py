@@ -20,6 +20,10 @@ from collections.abc import Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("pycollective.launch", "start N ranks of a program with the torchrun environment"),
     "bench": ("pycollective.bench", "time collectives x sizes x algorithms x transports"),
+    "calibrate": (
+        "pycollective.calibrate",
+        "measure this host's cost-model parameters for `auto` and cache them",
+    ),
     "diagnose": (
         "pycollective.diagnose",
         "merge flight-recorder dumps and say which rank is behind, and where",

@@ -78,9 +78,16 @@ def _size_class(count: int) -> int:
     return 0 if count <= 0 else 1 << (count - 1).bit_length()
 
 
-@lru_cache(maxsize=2048)
 def _auto_choice(transport: str, collective: str, size: int, count: int, itemsize: int) -> str:
-    params = _tuning.cost_params(transport)
+    # The job's parameters (rank 0's: the same on every rank), with the group's CPU share.
+    params = _tuning.group_params(transport, size)
+    return _select(params, collective, size, count, itemsize)
+
+
+@lru_cache(maxsize=2048)
+def _select(
+    params: schedule.cost.CostParams, collective: str, size: int, count: int, itemsize: int
+) -> str:
     segment = max(1, _tuning.CHAIN_SEGMENT_BYTES // itemsize)
     # Costs do not depend on the root (schedules are built relative to it): price root 0.
     return schedule.cost.select(collective, size, count, itemsize, params, segment=segment)

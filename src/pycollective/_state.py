@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from . import _launch_env, _netutil
+from . import _launch_env, _netutil, _tuning
 from ._auth import secret_from_env
 from ._errors import StoreError, UsageError
 from ._group import ProcessGroup, World, group_id_for
@@ -264,6 +264,10 @@ def init_process_group(
 
         try:
             barrier()
+            if _tuning.job_wants_calibration():  # rank 0's PYCOLLECTIVE_CALIBRATE
+                from .calibrate import calibrate
+
+                calibrate()
         except BaseException:
             destroy_process_group()
             raise
@@ -294,6 +298,12 @@ def connect_world(
         from .transport.tcp import connect_mesh
 
         transport = connect_mesh(rank, size, store, prefix, secret, bind, advertise, timeout)
+    if size > 1:  # every rank prices `auto` with rank 0's cost parameters
+        try:
+            _tuning.agree(rank, size, store, f"{prefix}/cost", timeout)
+        except BaseException:
+            transport.close()
+            raise
     world = World(rank, size, transport, store, timeout)
     world.engine.set_p2p_runner(_p2p_runner(world))
     world.group_counts[tuple(range(size))] = 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -155,6 +156,43 @@ def summary(records: Sequence[dict]) -> list[str]:
     return lines
 
 
+def auto_vs_best(records: Sequence[dict]) -> list[str]:
+    """Per transport, collective and size where `auto` and other algorithms were timed
+    (-a all): what auto chose, the fastest algorithm, and auto/best, the measured time of
+    auto's choice over the best's (auto's own time if its choice was not timed alone);
+    then the geometric mean of auto/best over the sizes."""
+    cells: dict[tuple[str, str, int], dict[str, dict]] = {}
+    for r in records:
+        if "error" not in r and r["collective"] != "barrier":
+            key = (r["transport"], r["collective"], r["bytes"])
+            cells.setdefault(key, {})[r["algorithm"]] = r
+    lines: list[str] = []
+    ratios: dict[tuple[str, str], list[float]] = {}
+    for (transport, coll, nbytes), algos in cells.items():
+        auto = algos.get("auto")
+        timed = {a: r["time_us"] for a, r in algos.items() if a != "auto"}
+        if auto is None or len(timed) < 2:
+            continue
+        chose = auto.get("ran", "auto")
+        best = min(timed, key=timed.__getitem__)
+        ratio = timed.get(chose, auto["time_us"]) / timed[best]
+        ratios.setdefault((transport, coll), []).append(ratio)
+        lines.append(
+            f"{transport:<5} {coll:<15} {human(nbytes):>10}  auto chose {chose}, best was "
+            f"{best}, auto/best = {ratio:.2f}x"
+        )
+    if not lines:
+        return []
+    out = ["# auto against the measured best (times of the algorithms run by name)", *lines]
+    for (transport, coll), rs in ratios.items():
+        geo = math.exp(sum(math.log(x) for x in rs) / len(rs))
+        out.append(
+            f"{transport:<5} {coll:<15} auto/best: geometric mean {geo:.3f}x, worst "
+            f"{max(rs):.2f}x, best chosen at {sum(x == 1.0 for x in rs)}/{len(rs)} sizes"
+        )
+    return out
+
+
 def plot(records: Sequence[dict], path: str) -> None:
     import matplotlib
 
@@ -246,6 +284,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"pycollective bench: {exc}", file=sys.stderr)
         status = 1
     for line in summary(records):
+        print(line)
+    for line in auto_vs_best(records):
         print(line)
     if args.json:
         with open(args.json, "w") as f:

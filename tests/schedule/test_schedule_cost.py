@@ -4,6 +4,7 @@ section 4, the selector's choices, and the large-world fast paths."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 from sched_helpers import PAIRS, SIZES
@@ -13,9 +14,12 @@ from pycollective.schedule.cost import (
     CostParams,
     formula,
     predict,
+    price,
+    price_work,
     profile,
     schedule_cost,
     select,
+    work,
 )
 
 PARAMS = [
@@ -125,3 +129,77 @@ def test_cost_params_validated() -> None:
         CostParams(0.0, 0.0, float("nan"))
     with pytest.raises(ValueError, match="no closed form"):
         formula("broadcast", "tree", 4, 100, PARAMS[0])
+
+
+# ------------------------------------------------------------ more ranks than cores
+
+CPU = CostParams(
+    alpha=200e-6, beta=0.6e-9, gamma=0.12e-9, overhead=100e-6,
+    msg_cpu=170e-6, byte_cpu=1.5e-9, call_cpu=1e-3,
+)  # fmt: skip
+
+
+def test_one_rank_per_core_prices_lockstep_only() -> None:
+    flat = CostParams(200e-6, 0.6e-9, 0.12e-9, 100e-6)
+    for collective, algorithm in PAIRS:
+        for p in (2, 5, 8):
+            a = predict(collective, algorithm, p, 1000, 4, CPU)
+            assert a == predict(collective, algorithm, p, 1000, 4, flat), (collective, algorithm)
+
+
+def test_work_counts_every_message_end() -> None:
+    # Tree all-reduce at 4 ranks: 3 messages up, 3 down; each has two ends.
+    n = 1000
+    msgs, elems, red = work("all_reduce", "tree", 4, n)
+    assert msgs == pytest.approx(2 * 2 * 3 / 4)
+    assert elems == pytest.approx(2 * 2 * 3 * n / 4)
+    assert red == pytest.approx(3 * n / 4)  # p - 1 blocks of n are added, over 4 ranks
+    msgs, elems, red = work("all_reduce", "ring", 4, 4 * n)
+    assert msgs == 4 * 3 and elems == 4 * 3 * n and red == 3 * n
+
+
+def test_oversubscribed_call_is_the_larger_of_lockstep_and_work() -> None:
+    k = replace(CPU, ranks_per_core=2.0)
+    for algorithm in ALGORITHMS["all_reduce"]:
+        lock = price(profile("all_reduce", algorithm, 4, 4096), 4, k)
+        cpu = price_work(work("all_reduce", algorithm, 4, 4096), 4, k)
+        assert predict("all_reduce", algorithm, 4, 4096, 4, k) == pytest.approx(max(lock, cpu))
+        w = work("all_reduce", algorithm, 4, 4096)
+        per_rank = k.call_cpu + k.msg_cpu * w[0] + (k.byte_cpu * w[1] + k.gamma * w[2]) * 4
+        assert cpu == pytest.approx(2.0 * per_rank)
+
+
+def test_oversubscription_lets_tree_win_small_all_reduce() -> None:
+    """The known gap: with lockstep pricing alone tree never wins all_reduce at 4 ranks;
+    with 4 and 8 ranks on 2 cores it does for small and medium messages (as measured)."""
+    for p in (4, 8):
+        for count in (64, 256, 16384, 65536):
+            assert select("all_reduce", p, count, 4, CPU) != "tree"
+            shared = replace(CPU, ranks_per_core=p / 2)
+            assert select("all_reduce", p, count, 4, shared) == "tree", (p, count)
+        # Large messages: bytes decide; the algorithms moving 2n per rank or more lose.
+        big = replace(CPU, ranks_per_core=p / 2)
+        assert select("all_reduce", p, 1 << 22, 4, big) not in ("recursive_doubling", "naive")
+    # and chain broadcast, which needs every rank on a core of its own, loses at 8 on 2
+    assert select("broadcast", 8, 1 << 22, 4, CPU, segment=65536) == "chain"
+    shared = replace(CPU, ranks_per_core=4.0)
+    assert select("broadcast", 8, 1 << 22, 4, shared, segment=65536) == "tree"
+
+
+def test_large_world_work_matches_every_rank() -> None:
+    for p in (17, 33):
+        for collective, algorithm in PAIRS:
+            n = 7 * p
+            fast = work(collective, algorithm, p, n, 0, 0)
+            full = work(collective, algorithm, p, n, 0, 10**6)
+            if (collective, algorithm) == ("all_reduce", "ring") or fast == full:
+                assert fast == pytest.approx(full), (collective, algorithm)
+
+
+def test_cpu_side_validated() -> None:
+    with pytest.raises(ValueError, match="ranks_per_core"):
+        CostParams(0.0, 0.0, 0.0, ranks_per_core=0.0)
+    with pytest.raises(ValueError, match="byte_cpu"):
+        CostParams(0.0, 0.0, 0.0, byte_cpu=-1.0)
+    assert not CostParams(1.0, 1.0, 1.0, ranks_per_core=1.0).oversubscribed
+    assert CostParams(1.0, 1.0, 1.0, ranks_per_core=1.5).oversubscribed

@@ -6,6 +6,16 @@ anything in it + beta * max(bytes it sends, bytes it receives) + gamma * bytes i
 A collective costs the sum of its rounds. The per-round numbers depend on the schedule's
 element counts only, so they are computed once per (collective, algorithm, size, count)
 as a "profile" and priced for any itemsize and CostParams.
+
+Oversubscription: with more ranks than cores on a host (params.ranks_per_core > 1) the
+ranks take turns on the CPUs, and a call takes at least the CPU work of every rank divided
+by the cores, whatever its critical path. A call then costs
+
+    max(lockstep time, ranks_per_core * mean over ranks of the rank's CPU work)
+
+where a rank's work is call_cpu + msg_cpu * (messages sent and received) + byte_cpu *
+(bytes sent and received) + gamma * bytes reduced. This is what makes few-message algorithms
+(tree) win at 4 and 8 ranks on 2 cores although their critical path is longer.
 """
 
 from __future__ import annotations
@@ -33,18 +43,36 @@ class CostParams:
     the wire; gamma: seconds per byte reduced; overhead: seconds per message beyond the
     first that a rank sends (or receives) in one round. The plain model (overhead 0)
     charges a rank talking to p-1 peers at once like one talking to one, which flatters
-    naive all-reduce and linear gather/scatter for tiny messages."""
+    naive all-reduce and linear gather/scatter for tiny messages.
+
+    The CPU-work side (used only when ranks_per_core > 1): msg_cpu, CPU seconds a
+    message costs each of its two ends; byte_cpu, CPU seconds per byte at each end
+    (copies, syscalls; gamma is the CPU per byte reduced); call_cpu, CPU seconds of a
+    call whatever its messages (Python, engine, buffers); ranks_per_core, ranks on a
+    host per core they share (1 or less: each rank has a core, and only the lockstep
+    time counts)."""
 
     alpha: float
     beta: float
     gamma: float
     overhead: float = 0.0
+    msg_cpu: float = 0.0
+    byte_cpu: float = 0.0
+    call_cpu: float = 0.0
+    ranks_per_core: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("alpha", "beta", "gamma", "overhead"):
+        for name in ("alpha", "beta", "gamma", "overhead", "msg_cpu", "byte_cpu", "call_cpu"):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"CostParams.{name} must be a finite number >= 0, got {v!r}")
+        r = self.ranks_per_core
+        if not (isinstance(r, int | float) and math.isfinite(r) and r > 0):
+            raise ValueError(f"CostParams.ranks_per_core must be a finite number > 0, got {r!r}")
+
+    @property
+    def oversubscribed(self) -> bool:
+        return self.ranks_per_core > 1
 
 
 def _rank_rounds(schedule: Schedule) -> list[tuple[int, int, int, int]]:
@@ -175,6 +203,58 @@ def profile(
     return profile_of([build(collective, algorithm, r, size, count, root, segment) for r in ranks])
 
 
+# Mean over ranks of (messages sent + received, elements sent + received, elements reduced).
+Work = tuple[float, float, float]
+
+
+def work_of(schedules: Sequence[Schedule]) -> Work:
+    """The mean CPU-work counts of a set of schedules (every rank's, or a sample)."""
+    if not schedules:
+        return (0.0, 0.0, 0.0)
+    msgs = elems = red = 0
+    for sched in schedules:
+        for step in sched.steps():
+            if isinstance(step, Send):
+                msgs += 1
+                elems += step.src.count
+            elif isinstance(step, Recv):
+                msgs += 1
+                elems += step.dst.count
+                red += step.dst.count if step.reduce else 0
+    n = len(schedules)
+    return (msgs / n, elems / n, red / n)
+
+
+@lru_cache(maxsize=4096)
+def work(
+    collective: str,
+    algorithm: str,
+    size: int,
+    count: int,
+    segment: int = 0,
+    exact_limit: int = EXACT_LIMIT,
+) -> Work:
+    """The cached work counts of one configuration (root 0): from every rank up to
+    exact_limit ranks; above, in closed form, from rank 0 or from sample_ranks()."""
+    if size > exact_limit:
+        if (collective, algorithm) == ("all_reduce", "ring"):
+            # Every rank sends and receives 2(p-1) blocks of about count/p; p-1 reduced.
+            return (4.0 * (size - 1), 4.0 * (size - 1) * count / size, (size - 1) * count / size)
+        if (collective, algorithm) in _SHIFT_SYMMETRIC:
+            return work_of([build(collective, algorithm, 0, size, count, 0, segment)])
+    ranks = range(size) if size <= exact_limit else sample_ranks(size, 0)
+    return work_of([build(collective, algorithm, r, size, count, 0, segment) for r in ranks])
+
+
+def price_work(w: Work, itemsize: int, params: CostParams) -> float:
+    """Seconds the CPUs need for a call's work when ranks share them: ranks_per_core times
+    one rank's mean work (the total over a host's ranks divided by its cores)."""
+    msgs, elems, red = w
+    per_rank = params.call_cpu + params.msg_cpu * msgs
+    per_rank += (params.byte_cpu * elems + params.gamma * red) * itemsize
+    return params.ranks_per_core * per_rank
+
+
 def predict(
     collective: str,
     algorithm: str,
@@ -188,11 +268,15 @@ def predict(
     """Predicted seconds for one collective call (count elements of itemsize bytes).
 
     Every algorithm here is built on ranks relative to the root, so the cost does not
-    depend on which rank is root: it is priced for root 0 and shares the cache.
+    depend on which rank is root: it is priced for root 0 and shares the cache. With
+    params.ranks_per_core > 1 it is the larger of the lockstep time and the CPU work.
     """
     if not 0 <= root < max(size, 1):
         raise ValueError(f"root {root} out of range for size {size}")
-    return price(profile(collective, algorithm, size, count, 0, segment), itemsize, params)
+    t = price(profile(collective, algorithm, size, count, 0, segment), itemsize, params)
+    if params.oversubscribed:
+        t = max(t, price_work(work(collective, algorithm, size, count, segment), itemsize, params))
+    return t
 
 
 def select(
@@ -257,12 +341,16 @@ __all__ = [
     "EXACT_LIMIT",
     "CostParams",
     "Profile",
+    "Work",
     "formula",
     "predict",
     "price",
+    "price_work",
     "profile",
     "profile_of",
     "sample_ranks",
     "schedule_cost",
     "select",
+    "work",
+    "work_of",
 ]
