@@ -3,15 +3,15 @@
 
 What is measured, in a few seconds, through the public API (so Python's share is in):
 
-* gamma: np.add(a, b, out=a) on 16 MiB of float32, on each rank (rank 0's is kept).
-* With a core per rank (ranks_per_core 1): alpha (and overhead from 3 ranks on) from
+* With a core per rank (ranks_per_core 1): gamma, np.add(a, b, out=a) on 16 MiB of
+  float32 on each rank at once (rank 0's is kept); alpha (and overhead from 3 ranks on) from
   tiny all_reduce by every algorithm, whose rounds and messages differ; beta from tree
   broadcast of 1 and 8 MiB (one-way messages, as the model charges them).
 * With more ranks than cores: the CPU-work side (msg_cpu, byte_cpu, call_cpu) from
   all_reduce by every algorithm at three sizes, the lockstep side held fixed.
 
 Each call is timed as the slowest rank's, after a barrier, variants taking turns (a busy
-spell hits all alike); medians go to _costfit.fit(). Rank 0's result is broadcast, so
+spell hits all alike); lower quartiles go to _costfit.fit(). Rank 0's result is broadcast, so
 every rank holds the same numbers.
 """
 
@@ -162,7 +162,8 @@ def calibrate(
     base = _tuning.group_params(transport, p)
     k = base.ranks_per_core
     over = base.oversubscribed
-    start = replace(base, gamma=measure_gamma())
+    # gamma only with a core per rank: sharing cores, np.add would be timed with waits
+    start = base if over else replace(base, gamma=measure_gamma())
     samples = _samples(dist, group, root, p, k, over, budget)
     fitted = fit_samples(samples, start, p, over)
     # Every rank takes rank 0's numbers, so that all choose alike.
@@ -190,7 +191,7 @@ def calibrate(
         "load": load,
         "note": note,
         "params": _costcache.as_dict(host),
-        "fitted": list(LOCKSTEP if not over else CPU_SIDE) + ["gamma"],
+        "fitted": list(CPU_SIDE if over else (*LOCKSTEP, "gamma")),
         "world_size": p,
         "ranks_per_core": k,
         "cache": str(path) if path else None,
