@@ -180,6 +180,10 @@ def test_oversubscription_lets_tree_win_small_all_reduce() -> None:
         # Large messages: bytes decide; the algorithms moving 2n per rank or more lose.
         big = replace(CPU, ranks_per_core=p / 2)
         assert select("all_reduce", p, 1 << 22, 4, big) not in ("recursive_doubling", "naive")
+    # One element: ring does the work of tree (most blocks are empty), but its element
+    # goes round the ring hop by hop: the shorter critical path wins the tie.
+    one = replace(CPU, ranks_per_core=4.0)
+    assert select("all_reduce", 8, 1, 4, one, candidates=["ring", "tree"]) == "tree"
     # and chain broadcast, which needs every rank on a core of its own, loses at 8 on 2
     assert select("broadcast", 8, 1 << 22, 4, CPU, segment=65536) == "chain"
     shared = replace(CPU, ranks_per_core=4.0)

@@ -289,8 +289,9 @@ def select(
     candidates: Sequence[str] | None = None,
     segment: int = 0,
 ) -> str:
-    """The cheapest algorithm for this call; ties go to the earlier one in ALGORITHMS.
-    `segment` is what chain broadcast will be built with (0 = its default)."""
+    """The cheapest algorithm for this call; ties go to the one with the shorter lockstep
+    time when ranks share cores, then to the earlier one in ALGORITHMS. `segment` is what
+    chain broadcast will be built with (0 = its default)."""
     if collective not in ALGORITHMS:
         raise ValueError(f"unknown collective {collective!r}")
     known = ALGORITHMS[collective]
@@ -302,6 +303,12 @@ def select(
         raise ValueError(f"unknown algorithm(s) {unknown} for {collective}; known: {known}")
     ordered = [a for a in known if a in names]
     costs = [predict(collective, a, size, count, itemsize, params, root, segment) for a in ordered]
+    if params.oversubscribed:
+        # Equal CPU work (e.g. one element: most blocks empty): the shorter critical path.
+        lock = [price(profile(collective, a, size, count, 0, segment), itemsize, params)
+                for a in ordered]  # fmt: skip
+        keys = list(zip(costs, lock, strict=True))
+        return ordered[keys.index(min(keys))]
     return ordered[costs.index(min(costs))]
 
 
