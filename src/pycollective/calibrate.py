@@ -152,10 +152,13 @@ def calibrate(
     """
     import pycollective as dist
 
+    from ._errors import UsageError
     from ._state import resolve_group
 
     g = resolve_group(group)
     p, rank = g.size(), g.rank()
+    if p < 2:
+        raise UsageError(f"calibration needs a group of 2 ranks or more, this one has {p}")
     root = g.ranks[0]
     if load is None:
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0

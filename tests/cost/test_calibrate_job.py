@@ -53,3 +53,17 @@ def test_calibration_at_init_is_the_same_on_every_rank(tmp_path) -> None:
     assert len(seen) == 1, seen
     # the defaults would print these; a calibration replaced gamma at least
     assert "gamma=1.2e-10" not in seen.pop()
+
+
+def test_calibration_needs_two_ranks(monkeypatch) -> None:
+    import pycollective as dist
+    from pycollective.calibrate import calibrate
+
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    dist.init_process_group()
+    try:
+        with pytest.raises(dist.UsageError, match="2 ranks or more"):
+            calibrate(save=False)
+    finally:
+        dist.destroy_process_group()
