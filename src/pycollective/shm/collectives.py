@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -73,37 +74,62 @@ PeerViews = Callable[[], "list[np.ndarray] | None"]
 @dataclass(frozen=True)
 class Reducer:
     """`inplace(dst, src)`: dst = op(dst, src); `into(out, a, b)`: out = op(a, b), which
-    saves copying a rank's own share into the arena before reducing it."""
+    saves copying a rank's own share into the arena before reducing it. `ufunc` (None for
+    raw bfloat16 bits) and `floating` let a caller run several small reductions under one
+    np.errstate (entering it costs more than adding a few numbers)."""
 
     inplace: Kernel
     into: Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+    ufunc: np.ufunc | None
+    floating: bool
+
+
+def _quiet(ufunc: np.ufunc) -> tuple[Kernel, Callable[[np.ndarray, np.ndarray, np.ndarray], None]]:
+    """Float kernels under np.errstate: overflow is the caller's data, as in torch."""
+
+    def inplace(dst: np.ndarray, src: np.ndarray) -> None:
+        with np.errstate(all="ignore"):
+            ufunc(dst, src, out=dst)
+
+    def into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+        with np.errstate(all="ignore"):
+            ufunc(a, b, out=out)
+
+    return inplace, into
 
 
 @lru_cache(maxsize=256)
 def reducer(op: ReduceOp, dtype: DType) -> Reducer:
-    inplace = kernel(op, dtype)
     ufunc = (_BOOL_UFUNC if dtype.kind == "b" else _UFUNC)[op]
     if dtype is BFLOAT16 and dtype.numpy == np.dtype(np.uint16):  # raw bits: no ufunc
+        inplace = kernel(op, dtype)
 
         def into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
             out[...] = a
             inplace(out, b)
 
-    else:
+        return Reducer(inplace, into, None, True)
+    if dtype.kind in "fc":
+        return Reducer(*_quiet(ufunc), ufunc, True)
 
-        def into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-            with np.errstate(all="ignore"):  # overflow is the caller's data, as in torch
-                ufunc(a, b, out=out)
+    # Integer and boolean ufuncs never warn: no errstate needed.
+    def int_inplace(dst: np.ndarray, src: np.ndarray) -> None:
+        ufunc(dst, src, out=dst)
 
-    return Reducer(inplace, into)
+    def int_into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+        ufunc(a, b, out=out)
+
+    return Reducer(int_inplace, int_into, ufunc, False)
 
 
 # Below this many bytes, all_reduce/reduce use the one-phase path (each rank reduces the
 # whole payload itself): two phases cost more than p small reductions.
 SMALL_BYTES = 16 * 1024
-# Largest chunk of a pipelined reduction (bytes per rank and chunk): a chunk's slots stay in
-# cache between its reduction and its copy out. PYCOLLECTIVE_SHM_CHUNK_BYTES overrides.
-CHUNK_BYTES = int(os.environ.get("PYCOLLECTIVE_SHM_CHUNK_BYTES", 1 << 20))
+# Largest chunk of a pipelined reduction (bytes per rank and chunk; the slot size bounds it
+# too): a chunk's slots stay in cache between its reduction and its copy out, and 1 MiB
+# measured faster than 256 or 512 KiB at p=2 (per-step Python work adds up below that).
+# PYCOLLECTIVE_SHM_CHUNK_BYTES overrides.
+CHUNK_BYTES = int(os.environ.get("PYCOLLECTIVE_SHM_CHUNK_BYTES", 4 << 20))
 _ALIGN_BYTES = 64  # shares start on cache-line boundaries
 
 
@@ -155,9 +181,16 @@ def _reduce(
         arena.slot(typed, b, r)[:n] = data
         sync()
         if root is None or root == r:
-            red.into(data, arena.slot(typed, b, 0)[:n], arena.slot(typed, b, 1)[:n])
-            for q in range(2, p):
-                red.inplace(data, arena.slot(typed, b, q)[:n])
+            slots = [arena.slot(typed, b, q)[:n] for q in range(p)]
+            if red.ufunc is None:
+                red.into(data, slots[0], slots[1])
+                for q in range(2, p):
+                    red.inplace(data, slots[q])
+            else:
+                with np.errstate(all="ignore") if red.floating else nullcontext():
+                    red.ufunc(slots[0], slots[1], out=data)
+                    for q in range(2, p):
+                        red.ufunc(data, slots[q], out=data)
         return
     per = chunk_elements(arena, data.itemsize)
     chunks = [data[lo : lo + per] for lo in range(0, n, per)]
