@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # mpirun and a real mpiexec.hydra.
 APT_PACKAGES := openmpi-bin libopenmpi-dev mpich
 
-.PHONY: setup system-deps test faults demo bench compare lint clean
+.PHONY: setup system-deps test faults demo bench compare multihost lint clean
 
 setup: $(STAMP)
 
@@ -69,6 +69,16 @@ COMPARE_ARGS ?=
 compare: setup
 	$(PY) benchmarks/compare_peers.py $(COMPARE_ARGS) --json benchmarks/results/compare_peers.json \
 		--markdown benchmarks/results/compare_peers.md
+
+# All-reduce and a parameter server across 2, 3 and 4 network-namespace hosts with 1 Gbit/s
+# links (tbf both ways), against the cost model: benchmarks/results/multihost.json and
+# docs/multihost_scaling.png. Builds namespaces, so it needs root (and iproute2).
+MULTIHOST_ARGS ?=
+multihost: setup
+	@if [ "$$(id -u)" != 0 ]; then \
+		echo "make multihost builds network namespaces (ip netns, tc): run it as root"; exit 2; \
+	fi
+	$(PY) benchmarks/multihost.py $(MULTIHOST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

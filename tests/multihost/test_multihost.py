@@ -32,7 +32,7 @@ LAUNCHER_VARS = re.compile(
     r"^(OMPI_|PMIX_|PMI_|SLURM_|TORCHELASTIC_|MPI_LOCAL|HYDRA_)|^(RANK|"
     r"WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|GROUP_RANK|GROUP_WORLD_SIZE|"
     r"MASTER_ADDR|MASTER_PORT|PYCOLLECTIVE_STORE_HOSTED|"
-    r"PYCOLLECTIVE_SECRET|PYCOLLECTIVE_TRANSPORT|PYCOLLECTIVE_HOST_ID)$"
+    r"PYCOLLECTIVE_SECRET|PYCOLLECTIVE_TRANSPORT|PYCOLLECTIVE_HOST_ID|PYCOLLECTIVE_SOCKET_IFNAME)$"
 )
 _WHY = nethosts.available()
 pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"no namespace hosts: {_WHY}")
@@ -160,6 +160,8 @@ def test_pycollective_run_across_hosts(hosts, env):
 @pytest.mark.timeout(120)
 def test_torchrun_across_hosts(hosts, env):
     # Static rendezvous: node 0's agent hosts a torch TCPStore at MASTER_ADDR:MASTER_PORT.
+    # The ranks listen on the interface named, rather than the one routing to MASTER_ADDR.
+    env["PYCOLLECTIVE_SOCKET_IFNAME"] = "eth0"
     port = next(_port)
     cmds = [
         [TORCHRUN, "--nnodes", HOSTS, "--node-rank", k, "--master-addr", hosts.addrs[0],
@@ -206,8 +208,9 @@ def test_mpirun_across_hosts(hosts, env):
         cmd = [MPIRUN, "--allow-run-as-root", "--hostfile", hostfile, "-np", HOSTS * PER_HOST,
                "--mca", "plm_rsh_agent", agent, "--mca", "oob_tcp_if_include", subnet,
                "--mca", "btl_tcp_if_include", subnet,
-               # Across hosts the ranks must be told where rank 0 is (no derived port).
-               "-x", f"MASTER_ADDR={hosts.addrs[0]}", "-x", f"MASTER_PORT={next(_port)}",
+               # Across hosts the ranks must be told where rank 0 is (no derived port);
+               # by name here, which each host's /etc/hosts resolves.
+               "-x", f"MASTER_ADDR={hosts.names[0]}", "-x", f"MASTER_PORT={next(_port)}",
                "-x", "PYCOLLECTIVE_SECRET", "-x", "PYCOLLECTIVE_TIMEOUT", "-x", "PYTHONPATH",
                PYTHON, JOB, "--quick"]  # fmt: skip
         env.setdefault("PYTHONPATH", "")
