@@ -410,8 +410,9 @@ class Arena:
             if c[i] >= target:
                 return
         start = time.monotonic()
-        poll(target)  # cheap checks first (a mismatch shows at once)
-        next_poll = start + POLL_SECONDS
+        # The first checks (TCP, peers' calls) wait a little: most waits end sooner, and
+        # with ranks outnumbering cores nearly every wait gets this far.
+        next_poll = start + FIRST_POLL_SECONDS
         yield_until = start + self.yield_seconds
         sleeping = self.rank * WORDS + SLEEPING
         addr = self._ctrl_addr + i * 8
@@ -432,4 +433,5 @@ class Arena:
 
 
 POLL_SECONDS = 0.02  # how often a waiting rank checks deadline, liveness and abort notices
+FIRST_POLL_SECONDS = 0.001  # ... and when it first does
 SLEEP_SECONDS = 0.01  # longest single futex sleep
