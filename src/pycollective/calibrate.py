@@ -37,7 +37,6 @@ from .schedule.cost import CostParams
 
 HELP = "measure this host's cost-model parameters (alpha, beta, gamma, ...) and cache them"
 ITEMSIZE = 4  # float32
-LOCKSTEP = ("alpha", "beta", "overhead")
 CPU_SIDE = ("msg_cpu", "byte_cpu", "call_cpu")
 
 
@@ -194,7 +193,8 @@ def calibrate(
         "load": load,
         "note": note,
         "params": _costcache.as_dict(host),
-        "fitted": list(CPU_SIDE if over else (*LOCKSTEP, "gamma")),
+        "fitted": list(CPU_SIDE if over else ("alpha", "beta", "gamma"))
+        + (["overhead"] if p > 2 and not over else []),
         "world_size": p,
         "ranks_per_core": k,
         "cache": str(path) if path else None,
