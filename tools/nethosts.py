@@ -167,6 +167,7 @@ class NetHosts:
         self.addrs = [f"{SUBNET}.{k + 1}" for k in range(n)]
         self._up = False
         self._old_handlers: dict[int, Any] = {}
+        self._procs: list[subprocess.Popen] = []  # started by popen(), killed at teardown
 
     # ------------------------------------------------------------------ building
 
@@ -252,6 +253,13 @@ class NetHosts:
         if not self._up:
             return
         self._up = False
+        # A process popen() started may not have entered its namespace yet, where the
+        # namespace's pid list would find it: kill it by its own pid first.
+        for proc in self._procs:
+            if proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    proc.kill()
+        self._procs.clear()
         for name in [*self.names, self.switch]:
             _kill_and_delete(name)
         for sig, handler in self._old_handlers.items():
@@ -283,7 +291,9 @@ class NetHosts:
     def popen(
         self, k: int, argv: Sequence[str], env: Mapping[str, str] | None = None, **kw: Any
     ) -> subprocess.Popen:
-        return subprocess.Popen(self.command(k, argv), env=None if env is None else dict(env), **kw)
+        proc = subprocess.Popen(self.command(k, argv), env=None if env is None else dict(env), **kw)
+        self._procs = [p for p in self._procs if p.poll() is None] + [proc]
+        return proc
 
     def qdisc_stats(self, k: int) -> str:
         """tc's statistics of host k's two shapers (egress, then the switch port)."""

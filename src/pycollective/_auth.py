@@ -88,7 +88,16 @@ def connect_handshake(
     nonce_a = hello[len(MAGIC) :]
     nonce_c = os.urandom(NONCE_BYTES)
     _send_all(sock, nonce_c + _mac(secret, b"C", purpose, nonce_a, nonce_c), deadline)
-    proof = _recv_exact(sock, DIGEST_BYTES, deadline)
+    try:
+        proof = _recv_exact(sock, DIGEST_BYTES, deadline)
+    except AuthenticationError as exc:
+        if "closed" not in str(exc):
+            raise
+        # An acceptor closes at once when our proof fails: its secret is not ours.
+        raise AuthenticationError(
+            "the server closed the connection after checking our proof (wrong secret? every "
+            "node of a job needs the same PYCOLLECTIVE_SECRET)"
+        ) from None
     if not hmac.compare_digest(proof, _mac(secret, b"A", purpose, nonce_c, nonce_a)):
         raise AuthenticationError("the server failed the shared-secret challenge (wrong secret?)")
 

@@ -258,3 +258,29 @@ def test_kill_one_rank_ends_the_job_on_both_hosts(hosts, env):
         assert m, detail
         assert m.group(1) in ("TransportError", "CollectiveTimeout", "CollectiveError"), detail
         assert re.search(rf"\brank {victim}\b", m.group(2)), detail
+
+
+# --- a node with the wrong secret -------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_a_node_with_another_secret_is_refused_and_the_job_fails(hosts, env):
+    env["PYCOLLECTIVE_TIMEOUT"] = "5"
+    port = next(_port)
+    procs = []
+    for k in range(HOSTS):
+        node_env = dict(env, PYCOLLECTIVE_SECRET=secrets.token_hex(16))  # differ per node
+        cmd = pycollective_run(hosts, k, port, "--grace", 2, JOB, "--loop")
+        procs.append(
+            hosts.popen(k, [str(c) for c in cmd], env=node_env, cwd=REPO, stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, text=True, start_new_session=True)
+        )  # fmt: skip
+    results = finish(procs, 60)
+    detail = "\n".join(f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+                       for r in results)  # fmt: skip
+    assert all(r.returncode != 0 for r in results), detail
+    assert "looping" not in results[0].stdout + results[1].stdout, detail
+    # Node 1's ranks are refused by node 0's store; node 0's ranks wait for them in vain.
+    assert "AuthenticationError" in results[1].stderr, detail
+    assert "wrong secret" in results[1].stderr, detail
+    assert re.search(r"CollectiveTimeout|StoreError|timed out", results[0].stderr), detail
