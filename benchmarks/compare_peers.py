@@ -21,10 +21,12 @@ factors. "vs gloo" and "vs OpenMPI" are how many times faster pycollective is (t
 over ours), against OpenMPI's in-place all_reduce where measured. Also measured: what one
 core of numpy copies and adds per second, the ceiling a rank's own work runs into.
 
-Prints markdown tables (the README's speed section is one), writes JSON
-(benchmarks/results/compare_peers.json) and, with --markdown, the tables to a file. Runs
-as root install what is missing (Debian's openmpi-bin and libopenmpi-dev, mpi4py into
-this Python's environment); otherwise it says how and leaves the OpenMPI columns out.
+Prints markdown tables, writes JSON (benchmarks/results/compare_peers.json) and, with
+--markdown FILE, the tables to a file; --readme README.md puts them into the README's speed
+section (between its compare_peers markers). Run as root it installs what is missing
+(Debian's openmpi-bin and libopenmpi-dev; mpi4py into this Python's environment, also when
+that is a venv); otherwise it says how and leaves the OpenMPI columns out. Without
+mpirun the ranks are started by `pycollective run`.
 """
 
 from __future__ import annotations
@@ -409,6 +411,9 @@ def markdown_table(job: Job, rows: list[dict], skipped: dict[str, str]) -> list[
     ]
     for row in rows:
         cells = [_cell(row["columns"][c], row["bytes"]) for c in COLUMNS]
+        ours = row["columns"]["pycollective"]
+        if job.ours == "tcp" and ours and ours.get("ran"):
+            cells[0] += f" ({ours['ran']})"  # the algorithm auto chose
         lines.append(
             f"| {row['collective']} | {human(row['bytes'])} | "
             + " | ".join(cells)

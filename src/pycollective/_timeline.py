@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import re
 import socket
@@ -36,6 +37,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ._flight import Entry, job_id
+
+log = logging.getLogger("pycollective")
 
 ENV = "PYCOLLECTIVE_TIMELINE"
 FORMAT = "pycollective-timeline/1"
@@ -167,11 +170,7 @@ class Timeline:
                     json.dump(self.trace(), f)
                 os.replace(tmp, path)
             except OSError as exc:
-                import logging
-
-                logging.getLogger("pycollective").warning(
-                    "timeline: could not write %s: %s", path, exc
-                )
+                log.warning("timeline: could not write %s: %s", path, exc)
                 return None
         return path
 
