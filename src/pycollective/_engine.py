@@ -110,6 +110,9 @@ class Engine:
 
     # ------------------------------------------------------------------ point-to-point
 
+    def has_deferred_p2p(self) -> bool:
+        return bool(self._p2p)
+
     def defer_p2p(self, op: Any, work: Work) -> Work:
         with self._cv:
             self._p2p.append((op, work))
@@ -118,6 +121,8 @@ class Engine:
 
     def flush_p2p(self) -> None:
         """Start the deferred point-to-point batch (on the worker thread)."""
+        if not self._p2p:  # the common case, without taking the lock
+            return
         with self._cv:
             batch, self._p2p = self._p2p, []
         if not batch:

@@ -62,6 +62,15 @@ class _Reduction:
         if self.done < self.dst.size:
             self._apply(self.dst.size)
 
+    def sink(self, data: memoryview) -> None:
+        """Combine the next piece of the message, read from wherever the transport put it
+        (a small reused buffer: no temporary as large as the message)."""
+        lo = self.done
+        src = np.frombuffer(data, dtype=self.dst.dtype)
+        hi = lo + src.size
+        self.kernel(self.dst[lo:hi], src)  # type: ignore[misc]
+        self.done = hi
+
     def _apply(self, upto: int) -> None:
         lo = self.done
         if self.kernel is None:
@@ -193,6 +202,8 @@ def run_schedule(
     raw = {name: arr.view(np.uint8) for name, arr in bufs.items()}
     group = header.group
     with_tag = header.with_tag
+    # Reductions read incoming pieces where they land if the transport offers it (sink).
+    sinks = transport is not None and transport.supports_sink
 
     for rnd in plan.rounds:
         for src, dst in rnd.copies:
@@ -205,7 +216,11 @@ def run_schedule(
         pending: list[_Reduction] = []
         for r in rnd.recvs:
             expect = with_tag(r.tag, (r.hi - r.lo) * itemsize)
-            if r.via_temp:
+            if r.reduce and r.overlap_ok and kernel is not None and sinks:
+                red = _Reduction(bufs[r.buf][r.lo : r.hi], temp[:0], kernel, itemsize, True)
+                dest = memoryview(raw[r.buf][r.lo * itemsize : r.hi * itemsize])
+                recvs.append(InMessage(ranks[r.peer], expect, dest, sink=red.sink, align=itemsize))
+            elif r.via_temp:
                 tmp = temp[r.temp_lo : r.temp_lo + r.hi - r.lo]
                 red = _Reduction(
                     bufs[r.buf][r.lo : r.hi],

@@ -82,7 +82,16 @@ def _header(op: _Op, nbytes: int) -> Header:
     )
 
 
-def run_batch(world: World, batch: Sequence[tuple[_Op, Work]]) -> None:
+class _Outcome:
+    """What run_batch reports of a blocking send/recv run without a Work."""
+
+    __slots__ = ("src_rank",)
+
+    def __init__(self) -> None:
+        self.src_rank = -1
+
+
+def run_batch(world: World, batch: Sequence[tuple[_Op, Work | _Outcome]]) -> None:
     """Run deferred point-to-point operations as one exchange (on the engine's thread)."""
     sends, recvs, receivers = [], [], []
     for op, work in batch:
@@ -109,8 +118,14 @@ def run_batch(world: World, batch: Sequence[tuple[_Op, Work]]) -> None:
     first_group = batch[0][0].group
     group_id = first_group.group_id
     entry = world.flight.record(  # type: ignore[union-attr]
-        group_id, first_group.group_name, -1, "p2p",
-        sum(op.buf.count for op, _ in batch), batch[0][0].buf.dtype, "p2p", detail=label,
+        group_id,
+        first_group.group_name,
+        -1,
+        "p2p",
+        sum(op.buf.count for op, _ in batch),
+        batch[0][0].buf.dtype,
+        "p2p",
+        detail=label,
     )
     entry.start()
     try:
@@ -137,6 +152,36 @@ def _submit(op: _Op, label: str) -> Work:
     return op.group.world.engine.defer_p2p(op, work)
 
 
+def _make_op(
+    is_send: bool,
+    tensor: Any,
+    peer: int | None,
+    group: ProcessGroup | None,
+    tag: int,
+    group_peer: int | None,
+) -> _Op | None:
+    g = _state.resolve_group(group)
+    if not g.is_member:
+        return None
+    if is_send:
+        target = _peer(g, peer, group_peer, "dst", allow_any=False)
+        buf = as_buffer(tensor, "send tensor", writable=False)
+    else:
+        target = _peer(g, peer, group_peer, "src", allow_any=True)
+        buf = as_buffer(tensor, "recv tensor")
+    return _Op(is_send, g, target, buf, _tag(tag))
+
+
+def _run_now(op: _Op) -> int:
+    """A blocking send/recv with nothing deferred before it runs on the caller's thread,
+    after everything issued before it (Engine.run keeps the order), instead of going to
+    the worker thread and back. Returns the sender's rank (for a receive)."""
+    world = op.group.world
+    outcome = _Outcome()
+    world.engine.run(lambda: run_batch(world, [(op, outcome)]))
+    return outcome.src_rank
+
+
 def isend(
     tensor: Any,
     dst: int | None = None,
@@ -145,12 +190,10 @@ def isend(
     group_dst: int | None = None,
 ) -> Work | None:
     """Send `tensor` to global rank `dst`; returns a Work to wait on."""
-    g = _state.resolve_group(group)
-    if not g.is_member:
+    op = _make_op(True, tensor, dst, group, tag, group_dst)
+    if op is None:
         return None
-    peer = _peer(g, dst, group_dst, "dst", allow_any=False)
-    buf = as_buffer(tensor, "send tensor", writable=False)
-    return _submit(_Op(True, g, peer, buf, _tag(tag)), f"isend(to {peer}, tag {tag})")
+    return _submit(op, f"isend(to {op.peer}, tag {tag})")
 
 
 def irecv(
@@ -161,12 +204,10 @@ def irecv(
     group_src: int | None = None,
 ) -> Work | None:
     """Receive into `tensor` from global rank `src` (any rank of the group if None)."""
-    g = _state.resolve_group(group)
-    if not g.is_member:
+    op = _make_op(False, tensor, src, group, tag, group_src)
+    if op is None:
         return None
-    peer = _peer(g, src, group_src, "src", allow_any=True)
-    buf = as_buffer(tensor, "recv tensor")
-    return _submit(_Op(False, g, peer, buf, _tag(tag)), f"irecv(from {peer}, tag {tag})")
+    return _submit(op, f"irecv(from {op.peer}, tag {tag})")
 
 
 def send(
@@ -176,9 +217,14 @@ def send(
     tag: int = 0,
     group_dst: int | None = None,
 ) -> None:
-    work = isend(tensor, dst, group, tag, group_dst)
-    if work is not None:
-        work.wait()
+    op = _make_op(True, tensor, dst, group, tag, group_dst)
+    if op is None:
+        return
+    if op.group.world.engine.has_deferred_p2p():
+        # batched with the isend/irecv issued before it (so irecv-then-send cannot deadlock)
+        _submit(op, f"send(to {op.peer}, tag {tag})").wait()
+    else:
+        _run_now(op)
 
 
 def recv(
@@ -189,11 +235,14 @@ def recv(
     group_src: int | None = None,
 ) -> int:
     """Receive into `tensor`; returns the global rank of the sender (-1 if not a member)."""
-    work = irecv(tensor, src, group, tag, group_src)
-    if work is None:
+    op = _make_op(False, tensor, src, group, tag, group_src)
+    if op is None:
         return -1
-    work.wait()
-    return work.src_rank
+    if op.group.world.engine.has_deferred_p2p():
+        work = _submit(op, f"recv(from {op.peer}, tag {tag})")
+        work.wait()
+        return work.src_rank
+    return _run_now(op)
 
 
 class P2POp:

@@ -35,12 +35,19 @@ class InMessage:
     `expect` is the header we expect: its key selects the message, its other fields are
     checked (a difference is a MismatchError). `on_data(n)` is called as payload bytes
     land, with the number received so far, so a reduction can overlap the transfer.
+
+    With `sink`, the payload is not written to `dest` (which then only gives its size):
+    it is handed to `sink` in order, in pieces of whole multiples of `align` bytes, each
+    valid only during the call. A reduction reads them from a small buffer that stays in
+    cache instead of a temporary as large as the message.
     """
 
     peer: int
     expect: Header
     dest: memoryview
     on_data: Callable[[int], None] | None = None
+    sink: Callable[[memoryview], None] | None = None
+    align: int = 1
     done: bool = False
     source: int = -1  # the rank the message came from (useful with ANY_SOURCE)
     header: Header | None = field(default=None, repr=False)  # what actually arrived
@@ -49,6 +56,7 @@ class InMessage:
 class Transport(ABC):
     rank: int
     size: int
+    supports_sink = False  # honours InMessage.sink (else the executor uses a temporary)
 
     @abstractmethod
     def exchange(
@@ -67,9 +75,7 @@ class Transport(ABC):
         """
 
     @abstractmethod
-    def abort(
-        self, peers: Iterable[int], group: int, error: CollectiveError, seq: int = 0
-    ) -> None:
+    def abort(self, peers: Iterable[int], group: int, error: CollectiveError, seq: int = 0) -> None:
         """Tell `peers` (best effort, never blocking long) that `group` failed with `error`
         in its collective number `seq` (0: at once, whatever they are running)."""
 

@@ -58,6 +58,7 @@ CLOSE_LINGER = 0.25  # seconds close() waits for peers to hang up too (see _ling
 _HISTORY = 16  # collectives per group remembered to describe a stale frame
 _RBUF_BYTES = 64 * 1024  # each connection's read buffer
 _DIRECT_BYTES = 16 * 1024  # payload left beyond this skips the buffer
+_SINK_BYTES = 256 * 1024  # a sink's pieces: cache-sized, a multiple of every item size
 
 _ERROR_CODES: dict[type[CollectiveError], int] = {
     CollectiveError: 1,
@@ -105,6 +106,8 @@ class _Conn:
         "rbuf",
         "rpos",
         "rend",
+        "window",
+        "left",
         "cur",
         "target",
         "stash",
@@ -127,6 +130,8 @@ class _Conn:
         self.rbuf = memoryview(bytearray(_RBUF_BYTES))
         self.rpos = 0
         self.rend = 0
+        self.window: memoryview | None = None  # where a sink's pieces are read (_SINK_BYTES)
+        self.left = 0  # bytes of a sink's payload not yet given a piece of the window
         self.cur: Header | None = None  # header of the payload being read
         self.target: InMessage | None = None  # where it goes, if a receive was posted
         self.stash: np.ndarray | None = None  # else, where it is kept
@@ -142,6 +147,8 @@ class _Conn:
 
 class TCPTransport(Transport):
     """Full mesh of TCP connections among `size` ranks. Build it with `connect_mesh`."""
+
+    supports_sink = True
 
     def __init__(self, rank: int, size: int, conns: dict[int, socket.socket]) -> None:
         self.rank = rank
@@ -391,7 +398,7 @@ class TCPTransport(Transport):
                         del self._unexpected[key]
                     self._unexpected_bytes -= payload.nbytes
                     self._check_match(peer, header, m)
-                    m.dest[: payload.nbytes] = payload.data
+                    _deliver(m, payload)
                     self._complete(m, peer, header)
                     return
         if self._adopt(m):
@@ -416,15 +423,15 @@ class TCPTransport(Transport):
                 or conn.lost is not None
             ):
                 continue
-            self._check_match(conn.peer, header, m)
             got = conn.got
+            if m.sink is not None and got % m.align:
+                continue  # a piece would split an item: delivered whole when it is in
+            self._check_match(conn.peer, header, m)
             if got:
-                m.dest[:got] = conn.stash.data[:got]
+                _deliver(m, conn.stash[:got])
             self._unexpected_bytes -= header.nbytes
             conn.stash = None
-            conn.target = m
-            dest = m.dest if m.dest.format == "B" and m.dest.ndim == 1 else m.dest.cast("B")
-            conn.view = dest[: header.nbytes]
+            self._target(conn, m, header.nbytes, got)
             if m.on_data is not None and got:
                 m.on_data(got)
             return True
@@ -779,8 +786,20 @@ class TCPTransport(Transport):
     def _on_bytes(self, conn: _Conn, n: int) -> None:
         conn.got += n
         target = conn.target
-        if target is not None and target.on_data is not None:
-            target.on_data(conn.got)
+        if target is not None:
+            if target.sink is not None:
+                if conn.got == conn.view.nbytes:  # type: ignore[union-attr]
+                    target.sink(conn.view)  # type: ignore[arg-type]
+                    if conn.left:
+                        piece = min(_SINK_BYTES, conn.left)
+                        conn.view = conn.window[:piece]  # type: ignore[index]
+                        conn.left -= piece
+                        conn.got = 0
+                        return
+                    self._on_payload(conn)
+                return
+            if target.on_data is not None:
+                target.on_data(conn.got)
         if conn.got == conn.view.nbytes:  # type: ignore[union-attr]
             self._on_payload(conn)
 
@@ -810,11 +829,7 @@ class TCPTransport(Transport):
             # Keep the stream in step: the payload is read and set aside, then we raise.
             target, mismatch = None, exc
         if target is not None:
-            conn.target = target
-            dest = target.dest
-            if dest.format != "B" or dest.ndim != 1:
-                dest = dest.cast("B")  # bytes are copied in from the read buffer by slices
-            conn.view = dest[: header.nbytes]
+            self._target(conn, target, header.nbytes)
         else:
             if self._unexpected_bytes + header.nbytes > self.max_unexpected:
                 self._lose(
@@ -830,6 +845,26 @@ class TCPTransport(Transport):
             self._on_payload(conn)
         if mismatch is not None:
             raise mismatch
+
+    @staticmethod
+    def _target(conn: _Conn, m: InMessage, nbytes: int, got: int = 0) -> None:
+        """Read the rest of an `nbytes` payload, of which `got` bytes are in already, for
+        `m`: into its destination, or piece by piece through the connection's window."""
+        conn.target = m
+        if m.sink is not None:
+            if conn.window is None:
+                conn.window = memoryview(bytearray(_SINK_BYTES))
+            rest = nbytes - got
+            first = min(_SINK_BYTES, rest)
+            conn.view = conn.window[:first]
+            conn.left = rest - first
+            conn.got = 0
+            return
+        dest = m.dest
+        if dest.format != "B" or dest.ndim != 1:
+            dest = dest.cast("B")  # bytes are copied in from the read buffer by slices
+        conn.view = dest[:nbytes]
+        conn.got = got
 
     def _match(self, peer: int, header: Header) -> InMessage | None:
         """The posted receive this header is for, after checking it agrees with ours."""
@@ -935,7 +970,7 @@ class TCPTransport(Transport):
             late = self._match(conn.peer, header)
             if late is not None:
                 self._unexpected_bytes -= header.nbytes
-                late.dest[: header.nbytes] = stash.data
+                _deliver(late, memoryview(stash))
                 self._complete(late, conn.peer, header)
             else:
                 self._unexpected.setdefault(header.key, deque()).append((conn.peer, header, stash))
@@ -945,6 +980,16 @@ class TCPTransport(Transport):
         m.source = peer
         m.header = header
         m.done = True
+
+
+def _deliver(m: InMessage, payload: memoryview | np.ndarray) -> None:
+    """Hand a payload that was kept aside (it came early) to its receive."""
+    data = payload if isinstance(payload, memoryview) else memoryview(payload)
+    if m.sink is not None:
+        for lo in range(0, data.nbytes, _SINK_BYTES):
+            m.sink(data[lo : lo + _SINK_BYTES])
+    else:
+        m.dest[: data.nbytes] = data
 
 
 # ---------------------------------------------------------------------- building the mesh
