@@ -2,7 +2,8 @@
 `pycollective run`, torchrun and OpenMPI's mpirun: 2 hosts x 2 ranks run the all-collectives
 battery, after a report (tests/multihost/_job.py) that shows where the bytes went: ranks
 on one host share a memory arena, ranks on different hosts talk TCP over the hosts'
-10.77.0.x addresses. And a kill -9 of one rank on one host must end the job on both.
+10.77.0.x addresses. A kill -9 of one rank on one host must end the job on both, and a
+node started with another secret must be refused (and the job fail) on both.
 
 Needs root and `ip netns` (skipped otherwise, saying which is missing).
 """
