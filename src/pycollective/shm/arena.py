@@ -79,11 +79,20 @@ def _env_float(name: str, default: float) -> float:
         return default
 
 
-def _cores() -> int:
+def affinity() -> set[int]:
+    """The CPUs this process may run on."""
     try:
-        return len(os.sched_getaffinity(0))
+        return set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        return set(range(os.cpu_count() or 1))
+
+
+def _cores() -> int:
+    """Cores a group on this host may use, guessed from this process alone: its affinity,
+    unless a launcher pinned it to one core (mpirun binds each rank to its own core; the
+    group as a whole then has all of them). `set_cores` corrects it once peers are known."""
+    mine = len(affinity())
+    return mine if mine > 1 else (os.cpu_count() or 1)
 
 
 def slot_bytes_for(size: int) -> int:
@@ -255,7 +264,11 @@ class Arena:
         self.peers = tuple(q for q in range(size) if q != rank)
         self.epoch = self.ctrl[rank * WORDS + EPOCH]
         self.next_buf = 0  # the buffer the next chunk takes; every rank counts alike
-        self.oversubscribed = oversubscribed = size > _cores()
+        self.set_cores(_cores())
+
+    def set_cores(self, cores: int) -> None:
+        """How many cores the group's ranks share (the union of their affinities)."""
+        self.oversubscribed = oversubscribed = self.size > cores
         # Spin budgets (seconds of sched_yield polling before sleeping). Spinning without
         # yielding is only for the first few checks: with more busy processes than cores a
         # pure spinner can hold the core the peer needs for a whole time slice.

@@ -49,6 +49,17 @@ COLLECTIVES = frozenset(
 _MODES = {"auto": 0, "tcp": 1, "shm": 2}
 _RECORD = 128  # bytes each rank contributes to the set-up exchange
 _NAME_AT = 64
+_CPUS_AT, _CPUS_LEN = 32, 32  # this rank's CPU affinity, a bitmask of CPUs 0-255
+
+
+def _cpu_mask() -> np.ndarray:
+    """This rank's affinity as a bitmask; all zeros if it includes CPUs beyond 255."""
+    cpus = _arena.affinity()
+    mask = np.zeros(_CPUS_LEN * 8, np.uint8)
+    if max(cpus, default=0) >= _CPUS_LEN * 8:
+        return np.packbits(mask)
+    mask[list(cpus)] = 1
+    return np.packbits(mask)
 
 
 def transport_mode() -> str:
@@ -296,6 +307,7 @@ def _setup(
         record = np.zeros(_RECORD, np.uint8)
         record[:16] = np.frombuffer(_hostid.host_id(), np.uint8)
         record[16] = _MODES[mode]
+        record[_CPUS_AT : _CPUS_AT + _CPUS_LEN] = _cpu_mask()
         slot_bytes = _arena.slot_bytes_for(p)
         if me == 0 and mode != "tcp":
             segment, note = _create(p, slot_bytes)
@@ -352,6 +364,11 @@ def _setup(
                 ) from exc
         else:
             arena.check_header()
+        # The group's cores: the union of every member's affinity (a launcher may pin each
+        # rank to a core of its own: then no rank is short of one).
+        union = np.bitwise_or.reduce(recs[:, _CPUS_AT : _CPUS_AT + _CPUS_LEN], axis=0)
+        if union.any():
+            arena.set_cores(int(np.unpackbits(union).sum()))
         group = LocalGroup(arena, ranks, group_id, transport)
         # Every member has mapped it once all pass this phase: then the name can go.
         # No call checks here: the exchange above already agreed on the call, and a peer
