@@ -164,6 +164,26 @@ def numpy_limits(nbytes: int, samples: int) -> dict:
     return result
 
 
+class LoadSampler:
+    """The 1-minute load average every few seconds while the jobs run (a shared machine's
+    load changes within a run; before and after alone can mislead)."""
+
+    def __init__(self, every: float = 5.0) -> None:
+        self.samples = [os.getloadavg()[0]]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every: float) -> None:
+        while not self._stop.wait(every):
+            self.samples.append(os.getloadavg()[0])
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        self._thread.join()
+        return [*self.samples, os.getloadavg()[0]]
+
+
 def _clean_env(job: Job) -> dict[str, str]:
     env = dict(os.environ)
     for key in (
@@ -698,13 +718,17 @@ def main(argv: list[str] | None = None) -> int:
     backends_all = [b for b in ("gloo", "openmpi") if b not in skipped]
 
     load_before = os.getloadavg()
+    sampler = LoadSampler()
     limits = numpy_limits(args.big, 11)
     results, rows = [], []
-    for job in jobs:
-        res = run_job(job, [job.ours, *backends_all], mpirun, args)
-        res["skipped"] = skipped
-        results.append(res)
-        rows += build_rows(job, res)
+    try:
+        for job in jobs:
+            res = run_job(job, [job.ours, *backends_all], mpirun, args)
+            res["skipped"] = skipped
+            results.append(res)
+            rows += build_rows(job, res)
+    finally:
+        during = sampler.stop()
     load_after = os.getloadavg()
 
     goals = targets(rows, args.big, args.crowded)
@@ -715,7 +739,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     md = [
         f"Measured {when} on {facts['cores']} cores ({facts['cpu'] or 'unknown CPU'}), "
-        f"load average {load_before[0]:.2f} before and {load_after[0]:.2f} after; "
+        f"1-minute load average {load_before[0]:.2f} before, {min(during):.2f} to "
+        f"{max(during):.2f} during the run (its own ranks add about 2), {load_after[0]:.2f} after; "
         f"float32, median of >= {args.min_reps} repetitions; torch {facts['torch']} (gloo), "
         f"{mpi_lib or 'OpenMPI not measured'}, mpi4py {facts['mpi4py']}; commit "
         f"{facts['commit']}.",
@@ -746,7 +771,7 @@ def main(argv: list[str] | None = None) -> int:
         "format": "pycollective-compare-peers/1",
         "when": when,
         "machine": facts,
-        "load_average": {"before": load_before, "after": load_after},
+        "load_average": {"before": load_before, "during_1min": during, "after": load_after},
         "numpy_one_core": limits,
         "mpi_library": mpi_lib,
         "settings": {

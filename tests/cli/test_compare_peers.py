@@ -29,6 +29,7 @@ def test_tiny_run_has_every_column(tmp_path) -> None:
     assert "gloo" not in skipped, skipped["gloo"]  # torch is a test dependency
     assert data["columns"] == ["pycollective", "gloo", "openmpi", "openmpi_in_place"]
     assert data["numpy_one_core"]["memcpy_GBps"] > 0 and data["load_average"]["before"]
+    assert len(data["load_average"]["during_1min"]) >= 2
     rows = {(r["job"], r["collective"], r["bytes"]): r for r in data["rows"]}
     expected = {("shm", "all_reduce", 4), ("shm", "all_reduce", 4096), ("shm", "broadcast", 4096),
                 ("shm", "all_gather", 4096), ("shm", "reduce_scatter", 4096)}  # fmt: skip
