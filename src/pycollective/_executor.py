@@ -122,11 +122,14 @@ class Plan:
     rounds: tuple[_RoundPlan, ...]
     scratch: tuple[tuple[str, int], ...]
     temp_elems: int
+    # temporary space when reductions that may overlap read from the transport's window
+    # (InMessage.sink) and need none; None: as temp_elems
+    sink_temp_elems: int | None = None
 
 
 def make_plan(schedule: Schedule) -> Plan:
     rounds = []
-    temp_elems = 0
+    temp_elems = sink_temp_elems = 0
     for index, rnd in enumerate(schedule.rounds):
         if not rnd:
             continue
@@ -168,10 +171,12 @@ def make_plan(schedule: Schedule) -> Plan:
                     )
                 )
                 if via_temp:
+                    if not (step.reduce and not clash):
+                        sink_temp_elems = max(sink_temp_elems, temp_used + step.dst.count)
                     temp_used += step.dst.count
         temp_elems = max(temp_elems, temp_used)
         rounds.append(_RoundPlan(index, copies, tuple(sends), tuple(recvs)))
-    return Plan(tuple(rounds), tuple(schedule.scratch.items()), temp_elems)
+    return Plan(tuple(rounds), tuple(schedule.scratch.items()), temp_elems, sink_temp_elems)
 
 
 def run_schedule(
@@ -192,8 +197,13 @@ def run_schedule(
     plan = schedule if isinstance(schedule, Plan) else make_plan(schedule)
     itemsize = dtype.itemsize
     bufs = dict(arrays)
+    # Reductions read incoming pieces where they land if the transport offers it (sink).
+    sinks = transport is not None and transport.supports_sink
+    temp_elems = plan.temp_elems
+    if sinks and plan.sink_temp_elems is not None:
+        temp_elems = plan.sink_temp_elems
     scratch_elems = sum(count for _, count in plan.scratch)
-    region = pool.take((scratch_elems + plan.temp_elems) * itemsize).view(dtype.numpy)
+    region = pool.take((scratch_elems + temp_elems) * itemsize).view(dtype.numpy)
     offset = 0
     for name, count in plan.scratch:
         bufs[name] = region[offset : offset + count]
@@ -202,8 +212,6 @@ def run_schedule(
     raw = {name: arr.view(np.uint8) for name, arr in bufs.items()}
     group = header.group
     with_tag = header.with_tag
-    # Reductions read incoming pieces where they land if the transport offers it (sink).
-    sinks = transport is not None and transport.supports_sink
 
     for rnd in plan.rounds:
         for src, dst in rnd.copies:
@@ -216,7 +224,7 @@ def run_schedule(
         pending: list[_Reduction] = []
         for r in rnd.recvs:
             expect = with_tag(r.tag, (r.hi - r.lo) * itemsize)
-            if r.reduce and r.overlap_ok and kernel is not None and sinks:
+            if r.reduce and r.overlap_ok and sinks:  # (a reduction has a kernel)
                 red = _Reduction(bufs[r.buf][r.lo : r.hi], temp[:0], kernel, itemsize, True)
                 dest = memoryview(raw[r.buf][r.lo * itemsize : r.hi * itemsize])
                 recvs.append(InMessage(ranks[r.peer], expect, dest, sink=red.sink, align=itemsize))

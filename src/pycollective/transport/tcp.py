@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import logging
 import queue
+import select
 import selectors
 import socket
 import struct
@@ -21,6 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -145,6 +147,83 @@ class _Conn:
         self.last: Header | None = None  # the last frame header read: what the peer was doing
 
 
+class _Poller:
+    """Which sockets are ready: epoll itself where there is one (the selectors module's
+    wrapper costs as much again per call, and a small collective polls twice), else a
+    selector. `select` yields (data, readable, writable); an error or hang-up counts as
+    both, as with selectors, so that the next recv or send finds out what happened."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll() if hasattr(select, "epoll") else None
+        self._selector = None if self._epoll is not None else selectors.DefaultSelector()
+        self._data: dict[int, Any] = {}  # fd -> data
+        self._fds: dict[socket.socket, int] = {}
+
+    def register(self, sock: socket.socket, data: Any, write: bool = False) -> None:
+        fd = sock.fileno()
+        self._fds[sock] = fd
+        self._data[fd] = data
+        if self._epoll is not None:
+            self._epoll.register(fd, select.EPOLLIN | (select.EPOLLOUT if write else 0))
+        else:
+            assert self._selector is not None  # noqa: S101
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0)
+            self._selector.register(sock, events, data)
+
+    def modify(self, sock: socket.socket, data: Any, write: bool) -> None:
+        fd = self._fds[sock]  # KeyError if not registered, as selectors
+        self._data[fd] = data
+        if self._epoll is not None:
+            self._epoll.modify(fd, select.EPOLLIN | (select.EPOLLOUT if write else 0))
+        else:
+            assert self._selector is not None  # noqa: S101
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0)
+            self._selector.modify(sock, events, data)
+
+    def unregister(self, sock: socket.socket) -> None:
+        """Forget `sock` (nothing happens if it was not registered)."""
+        fd = self._fds.pop(sock, None)
+        if fd is None:
+            return
+        self._data.pop(fd, None)
+        try:
+            if self._epoll is not None:
+                self._epoll.unregister(fd)
+            else:
+                assert self._selector is not None  # noqa: S101
+                self._selector.unregister(sock)
+        except (KeyError, ValueError, OSError):
+            pass  # already closed: the kernel forgot it
+
+    def select(self, timeout: float) -> list[tuple[Any, bool, bool]]:
+        if self._epoll is not None:
+            data = self._data
+            out = []
+            for fd, ev in self._epoll.poll(timeout):
+                if fd in data:
+                    out.append((data[fd], bool(ev & _NOT_OUT), bool(ev & _NOT_IN)))
+            return out
+        assert self._selector is not None  # noqa: S101
+        return [
+            (key.data, bool(mask & selectors.EVENT_READ), bool(mask & selectors.EVENT_WRITE))
+            for key, mask in self._selector.select(timeout)
+        ]
+
+    def close(self) -> None:
+        if self._epoll is not None:
+            self._epoll.close()
+        else:
+            assert self._selector is not None  # noqa: S101
+            self._selector.close()
+        self._data.clear()
+        self._fds.clear()
+
+
+if hasattr(select, "epoll"):
+    _NOT_OUT = ~select.EPOLLOUT  # readable: anything but "writable" (in, error, hang-up)
+    _NOT_IN = ~select.EPOLLIN  # writable: anything but "readable"
+
+
 class TCPTransport(Transport):
     """Full mesh of TCP connections among `size` ranks. Build it with `connect_mesh`."""
 
@@ -154,13 +233,13 @@ class TCPTransport(Transport):
         self.rank = rank
         self.size = size
         self.max_unexpected = DEFAULT_MAX_UNEXPECTED
-        self._sel = selectors.DefaultSelector()
+        self._sel = _Poller()
         self._conns: dict[int, _Conn] = {}
         for peer, sock in conns.items():
             sock.setblocking(False)
             conn = _Conn(peer, sock)
             self._conns[peer] = conn
-            self._sel.register(sock, selectors.EVENT_READ, conn)
+            self._sel.register(sock, conn)
         # Receives posted by the exchange in progress, by (peer, key) and for ANY_SOURCE.
         self._posted: dict[tuple[int, tuple], deque[InMessage]] = {}
         self._posted_any: dict[tuple, deque[InMessage]] = {}
@@ -184,7 +263,7 @@ class TCPTransport(Transport):
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._sel.register(self._wake_r, None)
 
     # ------------------------------------------------------------------ public interface
 
@@ -311,14 +390,14 @@ class TCPTransport(Transport):
         for sock, conn in list(live.items()):
             try:
                 sock.shutdown(socket.SHUT_WR)
-                self._sel.modify(sock, selectors.EVENT_READ, conn)  # reading only, now
+                self._sel.modify(sock, conn, write=False)  # reading only, now
             except (OSError, KeyError, ValueError):
                 del live[sock]
         deadline = time.monotonic() + seconds
         while live:
             remaining = max(0.0, deadline - time.monotonic())
             try:
-                ready = [k.fileobj for k, _ in self._sel.select(remaining) if k.data is not None]
+                ready = [c.sock for c, _, _ in self._sel.select(remaining) if c is not None]
             except OSError:
                 break
             for sock in ready:
@@ -576,8 +655,7 @@ class TCPTransport(Transport):
             _WAIT.total += time.perf_counter() - t0
         else:
             ready = self._sel.select(timeout)
-        for key, mask in ready:
-            conn: _Conn | None = key.data
+        for conn, readable, writable in ready:
             if conn is None:  # interrupt()'s wake-up
                 try:
                     while self._wake_r.recv(256):
@@ -587,9 +665,9 @@ class TCPTransport(Transport):
                 continue
             if conn.lost is not None:
                 continue
-            if mask & selectors.EVENT_WRITE:
+            if writable:
                 self._flush(conn)
-            if mask & selectors.EVENT_READ and conn.lost is None:
+            if readable and conn.lost is None:
                 self._read(conn)
 
     def _timeout(
@@ -706,8 +784,7 @@ class TCPTransport(Transport):
             m.done = True
         want_write = bool(conn.outq)
         if want_write != conn.writing:
-            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want_write else 0)
-            self._sel.modify(sock, events, conn)
+            self._sel.modify(sock, conn, want_write)
             conn.writing = want_write
 
     # ------------------------------------------------------------------ receiving
