@@ -48,18 +48,38 @@ def kills(n: int, transports: list[str], seed: int) -> dict:
         res = kill_run(nprocs, seed * 1000 + i, delay, victim, env=TRANSPORTS[transport])
         t = max(res.raise_seconds.values(), default=float("nan"))
         worst = max(worst, t) if res.raise_seconds else worst
-        runs.append({"run": i, "nprocs": nprocs, "transport": transport, "victim": victim,
-                     "delay": round(delay, 3), "launcher_rc": res.launcher_rc,
-                     "max_raise_s": round(t, 4), "ok": res.ok, "problems": res.problems})
-        log(f"  kill {i + 1:2d}/{n}: {transport:4s} p={nprocs} victim={victim} "
+        runs.append(
+            {
+                "run": i,
+                "nprocs": nprocs,
+                "transport": transport,
+                "victim": victim,
+                "delay": round(delay, 3),
+                "launcher_rc": res.launcher_rc,
+                "max_raise_s": round(t, 4),
+                "ok": res.ok,
+                "problems": res.problems,
+            }
+        )
+        log(
+            f"  kill {i + 1:2d}/{n}: {transport:4s} p={nprocs} victim={victim} "
             f"after {delay:.2f} s -> survivors raised within {t:.3f} s, launcher rc "
-            f"{res.launcher_rc}{'' if res.ok else '  PROBLEMS: ' + '; '.join(res.problems)}")
+            f"{res.launcher_rc}{'' if res.ok else '  PROBLEMS: ' + '; '.join(res.problems)}"
+        )
         if not res.ok:
             failures.append(runs[-1] | {"stderr": res.stderr_tail})
     survivors = sum(r["nprocs"] - 1 for r in runs)
-    return {"runs": n, "kills": n, "survivors": survivors, "failed_runs": len(failures),
-            "max_raise_seconds": round(worst, 4), "transports": transports,
-            "world_sizes": [3, 4], "details": runs, "failures": failures}
+    return {
+        "runs": n,
+        "kills": n,
+        "survivors": survivors,
+        "failed_runs": len(failures),
+        "max_raise_seconds": round(worst, 4),
+        "transports": transports,
+        "world_sizes": [3, 4],
+        "details": runs,
+        "failures": failures,
+    }
 
 
 # ---------------------------------------------------------------------- mismatches
@@ -80,8 +100,9 @@ def mismatches(sizes: list[int]) -> dict:
     for variant, (mine, theirs) in SIDES.items():
         ok = True
         for p in sizes:
-            results = run_ranks(worker, p, ("mismatch", variant),
-                                env={"PYCOLLECTIVE_TIMEOUT": "10"}, timeout=60)
+            results = run_ranks(
+                worker, p, ("mismatch", variant), env={"PYCOLLECTIVE_TIMEOUT": "10"}, timeout=60
+            )
             for r in results:
                 s = _steps(r.stdout)
                 order = ["extra", "mismatch", "after"]
@@ -95,8 +116,10 @@ def mismatches(sizes: list[int]) -> dict:
                     bad = f"{failed[0]['error']}: {failed[0]['msg'][:200]}"
                 elif not (mine in failed[0]["msg"] and theirs in failed[0]["msg"]):
                     bad = f"does not name both sides: {failed[0]['msg'][:200]}"
-                elif variant not in SEND_ONLY_POSSIBLE and variant != "extra" and not (
-                    s.get("mismatch", {}).get("error")
+                elif (
+                    variant not in SEND_ONLY_POSSIBLE
+                    and variant != "extra"
+                    and not (s.get("mismatch", {}).get("error"))
                 ):
                     bad = "the mismatched call itself did not raise"
                 elif failed[0]["elapsed"] > 5:
@@ -107,8 +130,14 @@ def mismatches(sizes: list[int]) -> dict:
         if ok:
             kinds_ok.add(variant)
         log(f"  mismatch {variant:18s} at p={sizes}: {'ok' if ok else 'FAILED'}")
-    return {"kinds": len(SIDES), "kinds_ok": len(kinds_ok), "world_sizes": sizes,
-            "variants": sorted(SIDES), "more": sorted(MORE_SIDES), "problems": problems}
+    return {
+        "kinds": len(SIDES),
+        "kinds_ok": len(kinds_ok),
+        "world_sizes": sizes,
+        "variants": sorted(SIDES),
+        "more": sorted(MORE_SIDES),
+        "problems": problems,
+    }
 
 
 # ---------------------------------------------------------------------- fuzzing
@@ -117,13 +146,28 @@ def mismatches(sizes: list[int]) -> dict:
 def fuzz(examples: int) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         report = f.name
-    env = dict(os.environ, PYCOLLECTIVE_FUZZ_EXAMPLES=str(examples),
-               PYCOLLECTIVE_FUZZ_REPORT=report)
+    env = dict(
+        os.environ, PYCOLLECTIVE_FUZZ_EXAMPLES=str(examples), PYCOLLECTIVE_FUZZ_REPORT=report
+    )
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:logging", "-p", "no:cacheprovider",
-         "--timeout", "3600", "tests/security/test_fuzz_wire.py"],
-        cwd=REPO, env=env, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:logging",
+            "-p",
+            "no:cacheprovider",
+            "--timeout",
+            "3600",
+            "tests/security/test_fuzz_wire.py",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     try:
         data = json.loads(Path(report).read_text())
@@ -133,10 +177,14 @@ def fuzz(examples: int) -> dict:
         Path(report).unlink(missing_ok=True)
     tail = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
     log(f"  fuzz: {data.get('inputs', 0)} inputs in {time.monotonic() - t0:.0f} s: {tail}")
-    return {"ok": proc.returncode == 0, "inputs": data.get("inputs", 0),
-            "per_target": data.get("per_target"), "side_job": data.get("side_job"),
-            "rss_growth_bytes": data.get("rss_growth_bytes"),
-            "pytest": proc.stdout[-3000:] if proc.returncode else tail}
+    return {
+        "ok": proc.returncode == 0,
+        "inputs": data.get("inputs", 0),
+        "per_target": data.get("per_target"),
+        "side_job": data.get("side_job"),
+        "rss_growth_bytes": data.get("rss_growth_bytes"),
+        "pytest": proc.stdout[-3000:] if proc.returncode else tail,
+    }
 
 
 # ---------------------------------------------------------------------- soak
@@ -145,9 +193,22 @@ def fuzz(examples: int) -> dict:
 def soak(small: int, large: int, nprocs: int = 2) -> dict:
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "pycollective", "run", "-n", str(nprocs), sys.executable,
-         str(REPO / "tests" / "faults" / "_soak_worker.py"), str(small), str(large)],
-        cwd=REPO, capture_output=True, text=True, timeout=3600,
+        [
+            sys.executable,
+            "-m",
+            "pycollective",
+            "run",
+            "-n",
+            str(nprocs),
+            sys.executable,
+            str(REPO / "tests" / "faults" / "_soak_worker.py"),
+            str(small),
+            str(large),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=3600,
         env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)])),
     )
     ranks = [json.loads(m[1]) for m in re.finditer(r"SOAK (\{.*\})", proc.stdout)]
@@ -161,12 +222,21 @@ def soak(small: int, large: int, nprocs: int = 2) -> dict:
             problems.append(f"rank {r['rank']}: fds {r['before']['fds']} -> {r['after']['fds']}")
         if r["after"]["threads"] > r["before"]["threads"]:
             problems.append(f"rank {r['rank']}: threads grew")
-        log(f"  soak rank {r['rank']}: {small} small + {large} large all_reduce in "
+        log(
+            f"  soak rank {r['rank']}: {small} small + {large} large all_reduce in "
             f"{r['seconds']:.1f} s; RSS {r['before']['rss'] >> 10} -> {r['after']['rss'] >> 10}"
             f" KiB ({r['rss_growth_pct']:+.2f}%), fds {r['before']['fds']} -> "
-            f"{r['after']['fds']}, threads {r['before']['threads']} -> {r['after']['threads']}")
-    return {"ok": not problems, "small": small, "large": large, "nprocs": nprocs,
-            "ranks": ranks, "problems": problems, "seconds": time.monotonic() - t0}
+            f"{r['after']['fds']}, threads {r['before']['threads']} -> {r['after']['threads']}"
+        )
+    return {
+        "ok": not problems,
+        "small": small,
+        "large": large,
+        "nprocs": nprocs,
+        "ranks": ranks,
+        "problems": problems,
+        "seconds": time.monotonic() - t0,
+    }
 
 
 # ---------------------------------------------------------------------- SIGINT
@@ -178,12 +248,24 @@ def sigints(n: int, seed: int) -> dict:
     for i in range(n):
         nprocs = 3 if i % 2 == 0 else 4
         res = sigint_run(nprocs, seed + i, rng.uniform(0.05, 1.0))
-        runs.append({"nprocs": nprocs, "exit_seconds": res.exit_seconds, "ok": res.ok,
-                     "problems": res.problems})
-        log(f"  sigint {i + 1}/{n}: p={nprocs}: every rank gone {res.exit_seconds:.2f} s after "
-            f"SIGINT{'' if res.ok else '  PROBLEMS: ' + '; '.join(res.problems)}")
-    return {"runs": n, "failed_runs": sum(not r["ok"] for r in runs),
-            "max_exit_seconds": max(r["exit_seconds"] or 99 for r in runs), "details": runs}
+        runs.append(
+            {
+                "nprocs": nprocs,
+                "exit_seconds": res.exit_seconds,
+                "ok": res.ok,
+                "problems": res.problems,
+            }
+        )
+        log(
+            f"  sigint {i + 1}/{n}: p={nprocs}: every rank gone {res.exit_seconds:.2f} s after "
+            f"SIGINT{'' if res.ok else '  PROBLEMS: ' + '; '.join(res.problems)}"
+        )
+    return {
+        "runs": n,
+        "failed_runs": sum(not r["ok"] for r in runs),
+        "max_exit_seconds": max(r["exit_seconds"] or 99 for r in runs),
+        "details": runs,
+    }
 
 
 # ---------------------------------------------------------------------- recorder cost
@@ -217,16 +299,29 @@ def overhead() -> dict:
 
     per = min(timeit.repeat(one, number=100000, repeat=5)) / 100000
     calls = {}
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
     for label, cap in (("off", "0"), ("on", "256")):
-        out = subprocess.run([sys.executable, "-c", _BENCH], capture_output=True, text=True,
-                             env=dict(env, PYCOLLECTIVE_FLIGHT_RECORDER=cap), cwd=REPO)
+        out = subprocess.run(
+            [sys.executable, "-c", _BENCH],
+            capture_output=True,
+            text=True,
+            env=dict(env, PYCOLLECTIVE_FLIGHT_RECORDER=cap),
+            cwd=REPO,
+        )
         calls[label] = float(out.stdout.strip().splitlines()[-1])
-    log(f"  recorder: {per * 1e6:.2f} us per record+start+end; world-of-one all_reduce "
-        f"{calls['off'] * 1e6:.1f} us off, {calls['on'] * 1e6:.1f} us on")
-    return {"record_start_end_us": per * 1e6, "all_reduce_us_off": calls["off"] * 1e6,
-            "all_reduce_us_on": calls["on"] * 1e6}
+    log(
+        f"  recorder: {per * 1e6:.2f} us per record+start+end; world-of-one all_reduce "
+        f"{calls['off'] * 1e6:.1f} us off, {calls['on'] * 1e6:.1f} us on"
+    )
+    return {
+        "record_start_end_us": per * 1e6,
+        "all_reduce_us_off": calls["off"] * 1e6,
+        "all_reduce_us_on": calls["on"] * 1e6,
+    }
 
 
 def main() -> int:
@@ -275,23 +370,31 @@ def main() -> int:
     log("")
     if "kill" in summary:
         k = summary["kill"]
-        log(f"kill -9: {k['runs']} runs ({', '.join(k['transports'])}; p=3,4), {k['kills']} "
+        log(
+            f"kill -9: {k['runs']} runs ({', '.join(k['transports'])}; p=3,4), {k['kills']} "
             f"kills, {k['survivors']} survivors, all raised within {k['max_raise_seconds']} s;"
-            f" failed runs: {k['failed_runs']}")
+            f" failed runs: {k['failed_runs']}"
+        )
     if "mismatch" in summary:
         m = summary["mismatch"]
-        log(f"mismatch: {m['kinds_ok']}/{m['kinds']} kinds raise MismatchError naming both "
-            f"sides at p={m['world_sizes']}")
+        log(
+            f"mismatch: {m['kinds_ok']}/{m['kinds']} kinds raise MismatchError naming both "
+            f"sides at p={m['world_sizes']}"
+        )
     if "fuzz" in summary:
         f = summary["fuzz"]
-        log(f"fuzz: {f['inputs']} inputs; job beside: {f['side_job']}; "
-            f"fuzzer RSS growth {f['rss_growth_bytes']} bytes; ok={f['ok']}")
+        log(
+            f"fuzz: {f['inputs']} inputs; job beside: {f['side_job']}; "
+            f"fuzzer RSS growth {f['rss_growth_bytes']} bytes; ok={f['ok']}"
+        )
     if "soak" in summary:
         log(f"soak: ok={summary['soak']['ok']} {summary['soak']['problems']}")
     if "sigint" in summary:
         g = summary["sigint"]
-        log(f"sigint: {g['runs']} runs, failed {g['failed_runs']}, slowest "
-            f"{g['max_exit_seconds']:.2f} s")
+        log(
+            f"sigint: {g['runs']} runs, failed {g['failed_runs']}, slowest "
+            f"{g['max_exit_seconds']:.2f} s"
+        )
     log(f"{'ALL PASSED' if ok else 'SOME CHECKS FAILED'} in {summary['seconds']} s -> {args.out}")
     return 0 if ok else 1
 

@@ -39,8 +39,12 @@ def run(mode: str, launch: list[str], args: argparse.Namespace) -> dict:
     py = sys.executable
     cmd = [py, *train] if not launch else [py, "-m", "pycollective", "run", *launch, py, *train]
     # ring: the algorithm the comparison is about (auto may pick another for small sizes)
-    env = dict(os.environ, PYCOLLECTIVE_TRANSPORT="tcp", PYCOLLECTIVE_ALL_REDUCE_ALGORITHM="ring",
-               OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        PYCOLLECTIVE_TRANSPORT="tcp",
+        PYCOLLECTIVE_ALL_REDUCE_ALGORITHM="ring",
+        OMP_NUM_THREADS="1",
+    )
     subprocess.run(cmd, check=True, env=env)
     return json.loads(metrics.read_text())
 

@@ -29,8 +29,12 @@ def one(model: str, mode: str, workers: int, steps: int, out: Path) -> dict:
            "--steps", str(steps), "--eval-every", "1e9", "--no-progress",
            "--metrics", str(metrics)]  # fmt: skip
     # ring: the algorithm the comparison is about (auto may pick another for small sizes)
-    env = dict(os.environ, PYCOLLECTIVE_TRANSPORT="tcp", PYCOLLECTIVE_ALL_REDUCE_ALGORITHM="ring",
-               OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        PYCOLLECTIVE_TRANSPORT="tcp",
+        PYCOLLECTIVE_ALL_REDUCE_ALGORITHM="ring",
+        OMP_NUM_THREADS="1",
+    )
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
     return json.loads(metrics.read_text())
 
@@ -41,8 +45,11 @@ def main() -> int:
     p.add_argument("--models", nargs="+", default=["small", "large"])
     p.add_argument("--steps", type=int, nargs=2, default=[40, 12], metavar=("SMALL", "LARGE"))
     args = p.parse_args()
-    rows = ["| model | mode | workers | sent / worker / step | received / worker / step "
-            "| samples/s | step ms | comm ms |", "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| model | mode | workers | sent / worker / step | received / worker / step "
+        "| samples/s | step ms | comm ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
             steps = args.steps[0] if model == "small" else args.steps[1]

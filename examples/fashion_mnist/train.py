@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     # The moment the last gradient of a backward pass is ready: what follows, until
     # backward returns, is DDP waiting for its last buckets' all-reduce.
     last_grad = [0.0]
+
     def grad_ready(_param: torch.Tensor) -> None:
         last_grad[0] = time.perf_counter()
 

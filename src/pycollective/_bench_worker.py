@@ -141,7 +141,9 @@ class _Gloo(_Ours):
         self.torch, self.dist = torch, td
         rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         td.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{spec['gloo_port']}", rank=rank,
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{spec['gloo_port']}",
+            rank=rank,
             world_size=size,
         )
         self.rank, self.size = rank, size
@@ -200,17 +202,29 @@ def per_rank_count(collective: str, nbytes: int, p: int, itemsize: int) -> int:
 class _Variant:
     """One (transport, algorithm) of a collective at one size, and its timings."""
 
-    def __init__(self, backend: _Ours, transport: str, collective: str, algorithm: str,
-                 nbytes: int, spec: dict) -> None:
+    def __init__(
+        self,
+        backend: _Ours,
+        transport: str,
+        collective: str,
+        algorithm: str,
+        nbytes: int,
+        spec: dict,
+    ) -> None:
         p, dtype = backend.size, spec["dtype"]
         itemsize = np.dtype(dtype).itemsize
         self.backend = backend
         self.count = per_rank_count(collective, nbytes, p, itemsize)
         blocks = p if collective in ("all_gather", "reduce_scatter", "all_to_all") else 1
         self.record: dict[str, Any] = {
-            "transport": transport, "collective": collective, "algorithm": algorithm,
-            "ranks": p, "dtype": dtype, "bytes": self.count * itemsize * blocks,
-            "count": self.count, "ran": backend.chosen(collective, algorithm, self.count, dtype),
+            "transport": transport,
+            "collective": collective,
+            "algorithm": algorithm,
+            "ranks": p,
+            "dtype": dtype,
+            "bytes": self.count * itemsize * blocks,
+            "count": self.count,
+            "ran": backend.chosen(collective, algorithm, self.count, dtype),
         }
         self.fn = backend.call(collective, algorithm, self.count, dtype)
         self.times: list[float] = []
@@ -241,8 +255,12 @@ class _Variant:
         algbw = self.record["bytes"] / t / 1e9 if t > 0 else 0.0
         coll = self.record["collective"]
         self.record.update(
-            time_us=t * 1e6, min_us=float(times.min()) * 1e6, reps=len(times), batch=self.k,
-            algbw=algbw, busbw=algbw * BUS_FACTOR[coll](self.record["ranks"]),
+            time_us=t * 1e6,
+            min_us=float(times.min()) * 1e6,
+            reps=len(times),
+            batch=self.k,
+            algbw=algbw,
+            busbw=algbw * BUS_FACTOR[coll](self.record["ranks"]),
         )
         return self.record
 
@@ -255,8 +273,11 @@ def _emit(rank: int, record: dict) -> None:
 def run(backends: dict[str, _Ours], spec: dict) -> None:
     rank = next(iter(backends.values())).rank
     for collective in spec["collectives"]:
-        pairs = [(t, a) for t, b in backends.items()
-                 for a in b.algorithms(collective, spec["algorithms"])]
+        pairs = [
+            (t, a)
+            for t, b in backends.items()
+            for a in b.algorithms(collective, spec["algorithms"])
+        ]
         sizes = [0] if collective == "barrier" else spec["sizes"]
         for nbytes in sizes:
             variants = []
@@ -265,8 +286,16 @@ def run(backends: dict[str, _Ours], spec: dict) -> None:
                     v = _Variant(backends[t], t, collective, a, nbytes, spec)
                     v.warm_up(spec, spec["budget"] / max(1, len(pairs)))
                 except (RuntimeError, ValueError) as exc:  # e.g. gloo lacks an op
-                    _emit(rank, {"transport": t, "collective": collective, "algorithm": a,
-                                 "bytes": nbytes, "error": str(exc).splitlines()[0][:200]})
+                    _emit(
+                        rank,
+                        {
+                            "transport": t,
+                            "collective": collective,
+                            "algorithm": a,
+                            "bytes": nbytes,
+                            "error": str(exc).splitlines()[0][:200],
+                        },
+                    )
                     pairs.remove((t, a))  # not at the next sizes either
                     continue
                 variants.append(v)

@@ -260,8 +260,9 @@ def _capacity_from_env() -> int:
     try:
         return int(text) if text.strip() else DEFAULT_ENTRIES
     except ValueError:
-        log.warning("PYCOLLECTIVE_FLIGHT_RECORDER=%r is not an integer; using %d",
-                    text, DEFAULT_ENTRIES)
+        log.warning(
+            "PYCOLLECTIVE_FLIGHT_RECORDER=%r is not an integer; using %d", text, DEFAULT_ENTRIES
+        )
         return DEFAULT_ENTRIES
 
 

@@ -201,7 +201,10 @@ class ProcessGroup:
             if len(names) == 1:
                 return names[0]
             best = _auto_choice(
-                self.world.transport_name, collective, self.size(), _size_class(count),
+                self.world.transport_name,
+                collective,
+                self.size(),
+                _size_class(count),
                 dtype.itemsize,
             )
             log.debug(
@@ -246,16 +249,20 @@ class ProcessGroup:
             self._set_up_shm()
         algo = self.choose_algorithm(collective, algorithm, count, dtype, root)
         segment = max(1, _tuning.CHAIN_SEGMENT_BYTES // dtype.itemsize)
-        sched = None if algo in (_shm.ALGORITHM, _hier.ALGORITHM) else _cached_schedule(
-            collective,
-            algo,
-            self._rank,
-            self.size(),
-            count,
-            root,
-            segment,
-            send_counts,
-            recv_counts,
+        sched = (
+            None
+            if algo in (_shm.ALGORITHM, _hier.ALGORITHM)
+            else _cached_schedule(
+                collective,
+                algo,
+                self._rank,
+                self.size(),
+                count,
+                root,
+                segment,
+                send_counts,
+                recv_counts,
+            )
         )
         seq = self._seq
         self._seq += 1
@@ -292,8 +299,14 @@ class ProcessGroup:
                 if algo == _hier.ALGORITHM:
                     if self.hierarchy is not None:  # None: one rank, nothing to do
                         self.hierarchy.run(
-                            arrays, dtype, red_kernel, header, deadline, label,
-                            world.transport, world.pool,
+                            arrays,
+                            dtype,
+                            red_kernel,
+                            header,
+                            deadline,
+                            label,
+                            world.transport,
+                            world.pool,
                         )
                 elif sched is None:
                     self.shm.run(  # type: ignore[union-attr]
@@ -346,13 +359,24 @@ class ProcessGroup:
                 return  # another thread's first call got here first
             try:
                 self.shm = _shm.setup(
-                    self.ranks, self._rank, self.group_id, world.transport,
-                    ALGO_CODE[_shm.SETUP_ALGORITHM], time.monotonic() + self.timeout, world.pool,
+                    self.ranks,
+                    self._rank,
+                    self.group_id,
+                    world.transport,
+                    ALGO_CODE[_shm.SETUP_ALGORITHM],
+                    time.monotonic() + self.timeout,
+                    world.pool,
                 )
                 self.hierarchy = _hier.setup(
-                    self.ranks, self._rank, self.group_id, world.transport, self.shm,
-                    ALGO_CODE[_hier.SETUP_ALGORITHM], ALGO_CODE[_shm.SETUP_ALGORITHM],
-                    time.monotonic() + self.timeout, world.pool,
+                    self.ranks,
+                    self._rank,
+                    self.group_id,
+                    world.transport,
+                    self.shm,
+                    ALGO_CODE[_hier.SETUP_ALGORITHM],
+                    ALGO_CODE[_shm.SETUP_ALGORITHM],
+                    time.monotonic() + self.timeout,
+                    world.pool,
                 )
             except CollectiveError as exc:
                 self.fail(exc, seq)

@@ -200,11 +200,7 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchEnv:
 
     step_text = (env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or "").strip()
     step = int(step_text) if step_text.isdigit() else None
-    if (
-        _int(env, "SLURM_PROCID") is not None
-        and step is not None
-        and step < _SLURM_RESERVED_STEP
-    ):
+    if _int(env, "SLURM_PROCID") is not None and step is not None and step < _SLURM_RESERVED_STEP:
         world = _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS") or 1
         nnodes = _int(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES") or 1
         spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""

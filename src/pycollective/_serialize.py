@@ -60,9 +60,7 @@ def use(name: str | None) -> None:
 def chosen() -> str:
     name = _chosen or os.environ.get("PYCOLLECTIVE_OBJECT_SERIALIZER", "").strip() or "pickle"
     if name not in NAMES:
-        raise UsageError(
-            f"PYCOLLECTIVE_OBJECT_SERIALIZER must be one of {NAMES}, got {name!r}"
-        )
+        raise UsageError(f"PYCOLLECTIVE_OBJECT_SERIALIZER must be one of {NAMES}, got {name!r}")
     return name
 
 
@@ -81,8 +79,7 @@ def dumps(obj: Any) -> bytes:
 def _dtype_name(dt: np.dtype) -> str:
     if dt.kind not in _PLAIN_KINDS:
         raise UsageError(
-            f"the pickle-free object serializer carries numpy arrays of plain dtypes only, "
-            f"not {dt}"
+            f"the pickle-free object serializer carries numpy arrays of plain dtypes only, not {dt}"
         )
     return dt.str
 

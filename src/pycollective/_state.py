@@ -102,9 +102,7 @@ class _TorchStoreAdapter:
                 self._store.wait([full], datetime.timedelta(seconds=timeout))
             return bytes(self._store.get(full))
         except RuntimeError as exc:
-            raise StoreError(
-                f"get {key!r} from {self._where} failed: {_first_line(exc)}"
-            ) from exc
+            raise StoreError(f"get {key!r} from {self._where} failed: {_first_line(exc)}") from exc
 
     def close(self) -> None:
         self._store = None  # torch stores have no close(); dropping ours closes the socket
@@ -240,7 +238,12 @@ def init_process_group(
                 store
                 if store is not None
                 else _make_store(
-                    init_method, env, rank, world_size, secret_from_env(), seconds,
+                    init_method,
+                    env,
+                    rank,
+                    world_size,
+                    secret_from_env(),
+                    seconds,
                     env.multi_node,
                 )
             )
@@ -248,8 +251,13 @@ def init_process_group(
                 the_store = _TorchStoreAdapter(store)
         try:
             world = connect_world(
-                rank, world_size, the_store, seconds, f"pycollective/{_generation}",
-                master_addr=env.master_addr, multi_node=env.multi_node,
+                rank,
+                world_size,
+                the_store,
+                seconds,
+                f"pycollective/{_generation}",
+                master_addr=env.master_addr,
+                multi_node=env.multi_node,
             )
         except BaseException:
             _close_store(the_store)

@@ -72,9 +72,7 @@ class CountingTransport(Transport):
         with self._lock:
             return TrafficSnapshot(**vars(self._totals))
 
-    def abort(
-        self, peers: Iterable[int], group: int, error: CollectiveError, seq: int = 0
-    ) -> None:
+    def abort(self, peers: Iterable[int], group: int, error: CollectiveError, seq: int = 0) -> None:
         self.inner.abort(peers, group, error, seq)
 
     def close(self) -> None:

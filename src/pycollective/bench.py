@@ -30,8 +30,15 @@ from ._netutil import free_port
 
 HELP = "time collectives x sizes x algorithms x transports (nccl-tests style)"
 
-COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
-               "all_to_all", "barrier")
+COLLECTIVES = (
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "barrier",
+)
 TRANSPORTS = ("shm", "tcp", "gloo")
 _UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
@@ -76,24 +83,32 @@ def run_job(nprocs: int, spec: dict, timeout: float) -> list[dict]:
         for key in ("PYCOLLECTIVE_STORE_HOSTED", "TORCHELASTIC_USE_AGENT_STORE"):
             env.pop(key, None)
         env.update(
-            RANK=str(rank), WORLD_SIZE=str(nprocs), LOCAL_RANK=str(rank),
-            LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE=str(nprocs),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(nprocs),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
             PYTHONUNBUFFERED="1",
         )
         # The default group is the shm one (required), unless only tcp is asked for.
         env["PYCOLLECTIVE_TRANSPORT"] = "shm" if "shm" in transports else "tcp"
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "pycollective._bench_worker", json.dumps(spec)],
-            env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
-            stderr=subprocess.PIPE, text=True,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "pycollective._bench_worker", json.dumps(spec)],
+                env=env,
+                stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     records: list[dict] = []
     deadline = time.monotonic() + timeout
     try:
         assert procs[0].stdout is not None  # noqa: S101 - piped above
         for line in procs[0].stdout:
             if line.startswith("BENCH "):
-                rec = json.loads(line[len("BENCH "):])
+                rec = json.loads(line[len("BENCH ") :])
                 records.append(rec)
                 print(_row(rec), flush=True)
             if time.monotonic() > deadline:
@@ -113,8 +128,10 @@ def run_job(nprocs: int, spec: dict, timeout: float) -> list[dict]:
     return records
 
 
-_HEADER = (f"{'size':>10} {'count':>10}  {'transport':<9} {'algorithm':<20} "
-           f"{'time(us)':>10} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12}")
+_HEADER = (
+    f"{'size':>10} {'count':>10}  {'transport':<9} {'algorithm':<20} "
+    f"{'time(us)':>10} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12}"
+)
 
 
 def _row(rec: dict) -> str:
@@ -124,8 +141,10 @@ def _row(rec: dict) -> str:
     if "error" in rec:
         where = f"{human(rec['bytes']):>10} {'':>10}  {rec['transport']:<9} {algo:<20}"
         return f"{where} {rec['error']}"
-    return (f"{human(rec['bytes']):>10} {rec['count']:>10}  {rec['transport']:<9} {algo:<20} "
-            f"{rec['time_us']:>10.1f} {rec['algbw']:>12.3f} {rec['busbw']:>12.3f}")
+    return (
+        f"{human(rec['bytes']):>10} {rec['count']:>10}  {rec['transport']:<9} {algo:<20} "
+        f"{rec['time_us']:>10.1f} {rec['algbw']:>12.3f} {rec['busbw']:>12.3f}"
+    )
 
 
 def summary(records: Sequence[dict]) -> list[str]:
@@ -199,8 +218,11 @@ def plot(records: Sequence[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    collectives = [c for c in COLLECTIVES if c != "barrier"
-                   and any(r["collective"] == c and "error" not in r for r in records)]
+    collectives = [
+        c
+        for c in COLLECTIVES
+        if c != "barrier" and any(r["collective"] == c and "error" not in r for r in records)
+    ]
     if not collectives:
         raise ValueError("nothing to plot (only barrier or errors)")
     cols = min(2, len(collectives))
@@ -215,8 +237,13 @@ def plot(records: Sequence[dict], path: str) -> None:
                 )
         for (transport, algo), pts in sorted(lines.items()):
             pts.sort()
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", markersize=3,
-                    label=f"{transport} {algo}")
+            ax.plot(
+                [x for x, _ in pts],
+                [y for _, y in pts],
+                marker="o",
+                markersize=3,
+                label=f"{transport} {algo}",
+            )
         ranks = next(r["ranks"] for r in records if r["collective"] == coll and "ranks" in r)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("size (bytes)")
@@ -224,7 +251,7 @@ def plot(records: Sequence[dict], path: str) -> None:
         ax.set_title(f"{coll}, {ranks} ranks")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(collectives):]:
+    for ax in list(axes.flat)[len(collectives) :]:
         ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -233,23 +260,39 @@ def plot(records: Sequence[dict], path: str) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--nprocs", type=int, default=2, help="ranks (default 2)")
-    parser.add_argument("-c", "--collectives",
-                        default="all_reduce,broadcast,all_gather,reduce_scatter",
-                        help=f"comma-separated, or 'all' ({','.join(COLLECTIVES)})")
-    parser.add_argument("-t", "--transports", default="shm,tcp",
-                        help="comma-separated: shm, tcp, gloo (torch.distributed, for comparison)")
-    parser.add_argument("-a", "--algorithms", default="auto",
-                        help="comma-separated names, or 'all' (each collective's own list)")
+    parser.add_argument(
+        "-c",
+        "--collectives",
+        default="all_reduce,broadcast,all_gather,reduce_scatter",
+        help=f"comma-separated, or 'all' ({','.join(COLLECTIVES)})",
+    )
+    parser.add_argument(
+        "-t",
+        "--transports",
+        default="shm,tcp",
+        help="comma-separated: shm, tcp, gloo (torch.distributed, for comparison)",
+    )
+    parser.add_argument(
+        "-a",
+        "--algorithms",
+        default="auto",
+        help="comma-separated names, or 'all' (each collective's own list)",
+    )
     parser.add_argument("-b", "--min-bytes", type=parse_size, default=4, help="default 4")
-    parser.add_argument("-e", "--max-bytes", type=parse_size, default=256 << 20,
-                        help="default 256M")
+    parser.add_argument(
+        "-e", "--max-bytes", type=parse_size, default=256 << 20, help="default 256M"
+    )
     parser.add_argument("-f", "--factor", type=int, default=4, help="size step (default 4)")
     parser.add_argument("-d", "--dtype", default="float32")
     parser.add_argument("--reps", type=int, default=20, help="most repetitions per size")
     parser.add_argument("--min-reps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--budget", type=float, default=1.0,
-                        help="seconds of timed repetitions per size, all variants (default 1)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=1.0,
+        help="seconds of timed repetitions per size, all variants (default 1)",
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="per transport job")
     parser.add_argument("--json", metavar="FILE", help="write every record as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="plot busbw against size")
@@ -258,8 +301,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     colls = list(COLLECTIVES) if args.collectives == "all" else args.collectives.split(",")
     transports = args.transports.split(",")
-    for name, bad in (("collective", set(colls) - set(COLLECTIVES)),
-                      ("transport", set(transports) - set(TRANSPORTS))):
+    for name, bad in (
+        ("collective", set(colls) - set(COLLECTIVES)),
+        ("transport", set(transports) - set(TRANSPORTS)),
+    ):
         if bad:
             print(f"pycollective bench: unknown {name}(s) {sorted(bad)}", file=sys.stderr)
             return 2
@@ -267,14 +312,21 @@ def main(args: argparse.Namespace) -> int:
         print("pycollective bench: need -n >= 1, -f >= 2 and -b <= -e", file=sys.stderr)
         return 2
     spec = {
-        "collectives": colls, "algorithms": args.algorithms.split(","),
-        "sizes": sizes(args.min_bytes, args.max_bytes, args.factor), "dtype": args.dtype,
-        "reps": args.reps, "min_reps": args.min_reps, "warmup": max(1, args.warmup),
-        "budget": args.budget, "transports": transports,
+        "collectives": colls,
+        "algorithms": args.algorithms.split(","),
+        "sizes": sizes(args.min_bytes, args.max_bytes, args.factor),
+        "dtype": args.dtype,
+        "reps": args.reps,
+        "min_reps": args.min_reps,
+        "warmup": max(1, args.warmup),
+        "budget": args.budget,
+        "transports": transports,
     }
-    print(f"# pycollective bench: {args.nprocs} ranks, {args.dtype}, "
-          f"{human(spec['sizes'][0])} .. {human(spec['sizes'][-1])}, median of up to "
-          f"{args.reps} repetitions (time of the slowest rank)")
+    print(
+        f"# pycollective bench: {args.nprocs} ranks, {args.dtype}, "
+        f"{human(spec['sizes'][0])} .. {human(spec['sizes'][-1])}, median of up to "
+        f"{args.reps} repetitions (time of the slowest rank)"
+    )
     print(_HEADER, flush=True)
     records: list[dict] = []
     status = 0

@@ -224,11 +224,16 @@ def launch(
     finally:
         if server is not None:
             server.close()
-    _report_flight(flight_dir or base_env["PYCOLLECTIVE_FLIGHT_DIR"], status, err,
-                   remove_if_empty=flight_dir is not None)
+    _report_flight(
+        flight_dir or base_env["PYCOLLECTIVE_FLIGHT_DIR"],
+        status,
+        err,
+        remove_if_empty=flight_dir is not None,
+    )
     if base_env.get("PYCOLLECTIVE_TIMELINE", "").strip() and nnodes == 1:
-        _merge_timeline(base_env["PYCOLLECTIVE_TIMELINE"].strip(),
-                        secret_vars["PYCOLLECTIVE_JOB_ID"], err)
+        _merge_timeline(
+            base_env["PYCOLLECTIVE_TIMELINE"].strip(), secret_vars["PYCOLLECTIVE_JOB_ID"], err
+        )
     return status
 
 
@@ -259,8 +264,10 @@ def _report_flight(directory: str, status: int, err: _Output, remove_if_empty: b
         return
     from . import diagnose
 
-    lines = [f"pycollective run: flight recorder dumps in {directory} "
-             f"(pycollective diagnose {directory}):"]
+    lines = [
+        f"pycollective run: flight recorder dumps in {directory} "
+        f"(pycollective diagnose {directory}):"
+    ]
     try:
         for findings in diagnose.analyze(diagnose.load([directory])).values():
             lines.extend(f"    {f.text}" for f in findings)

@@ -16,49 +16,81 @@ from pycollective import _launch_env as le
 
 LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "SLURM_", "TORCHELASTIC_", "MPI_LOCAL")
 LAUNCHER_NAMES = (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "MASTER_ADDR", "MASTER_PORT", "PYCOLLECTIVE_STORE_HOSTED", "PYCOLLECTIVE_NNODES",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PYCOLLECTIVE_STORE_HOSTED",
+    "PYCOLLECTIVE_NNODES",
 )
 
 
 def torchrun_env(rank: int, world: int = 2, **extra: str) -> dict[str, str]:
     env = {
-        "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-        "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
-        "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world), "ROLE_NAME": "default",
-        "MASTER_ADDR": "localhost", "MASTER_PORT": "37393",
-        "TORCHELASTIC_RUN_ID": "e75cb405", "TORCHELASTIC_RESTART_COUNT": "0",
-        "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world),
+        "GROUP_RANK": "0",
+        "GROUP_WORLD_SIZE": "1",
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": "localhost",
+        "MASTER_PORT": "37393",
+        "TORCHELASTIC_RUN_ID": "e75cb405",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
         "OMP_NUM_THREADS": "1",
     }
     env.update(extra)
     return env
 
 
-def ompi_env(rank: int, world: int = 2, local: int | None = None, job: str = "1413808129",
-             **extra: str) -> dict[str, str]:
+def ompi_env(
+    rank: int, world: int = 2, local: int | None = None, job: str = "1413808129", **extra: str
+) -> dict[str, str]:
     local = world if local is None else local
     env = {
-        "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(world),
-        "OMPI_COMM_WORLD_LOCAL_RANK": str(rank % local), "OMPI_COMM_WORLD_LOCAL_SIZE": str(local),
-        "OMPI_COMM_WORLD_NODE_RANK": str(rank % local), "OMPI_MCA_ess_base_jobid": job,
-        "OMPI_MCA_ess_base_vpid": str(rank), "PMIX_NAMESPACE": job, "PMIX_RANK": str(rank),
-        "PMIX_ID": f"{job}.{rank}", "OMPI_MCA_orte_num_nodes": "1",
+        "OMPI_COMM_WORLD_RANK": str(rank),
+        "OMPI_COMM_WORLD_SIZE": str(world),
+        "OMPI_COMM_WORLD_LOCAL_RANK": str(rank % local),
+        "OMPI_COMM_WORLD_LOCAL_SIZE": str(local),
+        "OMPI_COMM_WORLD_NODE_RANK": str(rank % local),
+        "OMPI_MCA_ess_base_jobid": job,
+        "OMPI_MCA_ess_base_vpid": str(rank),
+        "PMIX_NAMESPACE": job,
+        "PMIX_RANK": str(rank),
+        "PMIX_ID": f"{job}.{rank}",
+        "OMPI_MCA_orte_num_nodes": "1",
         "OMPI_MCA_orte_hnp_uri": f"{int(job) - 1}.0;tcp://192.0.2.2:34413",
     }
     env.update(extra)
     return env
 
 
-def srun_env(rank: int, world: int = 2, job: str = "4242", step: str = "0", nnodes: int = 1,
-             **extra: str) -> dict[str, str]:
+def srun_env(
+    rank: int, world: int = 2, job: str = "4242", step: str = "0", nnodes: int = 1, **extra: str
+) -> dict[str, str]:
     per_node = world // nnodes
     env = {
-        "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank % per_node),
-        "SLURM_NODEID": str(rank // per_node), "SLURM_NTASKS": str(world),
-        "SLURM_NPROCS": str(world), "SLURM_STEP_NUM_TASKS": str(world),
-        "SLURM_NNODES": str(nnodes), "SLURM_STEP_NUM_NODES": str(nnodes),
-        "SLURM_JOB_ID": job, "SLURM_JOBID": job, "SLURM_STEP_ID": step, "SLURM_STEPID": step,
+        "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": str(rank % per_node),
+        "SLURM_NODEID": str(rank // per_node),
+        "SLURM_NTASKS": str(world),
+        "SLURM_NPROCS": str(world),
+        "SLURM_STEP_NUM_TASKS": str(world),
+        "SLURM_NNODES": str(nnodes),
+        "SLURM_STEP_NUM_NODES": str(nnodes),
+        "SLURM_JOB_ID": job,
+        "SLURM_JOBID": job,
+        "SLURM_STEP_ID": step,
+        "SLURM_STEPID": step,
         "SLURM_STEP_NODELIST": "node01" if nnodes == 1 else f"node[01-{nnodes:02d}]",
         "SLURM_JOB_NODELIST": "node01" if nnodes == 1 else f"node[01-{nnodes:02d}]",
         "SLURM_STEP_TASKS_PER_NODE": f"{per_node}(x{nnodes})" if nnodes > 1 else str(world),
@@ -70,8 +102,11 @@ def srun_env(rank: int, world: int = 2, job: str = "4242", step: str = "0", nnod
 
 def hydra_env(rank: int, world: int = 2, **extra: str) -> dict[str, str]:
     env = {
-        "PMI_RANK": str(rank), "PMI_SIZE": str(world), "PMI_FD": str(6 + 2 * rank),
-        "MPI_LOCALRANKID": str(rank), "MPI_LOCALNRANKS": str(world),
+        "PMI_RANK": str(rank),
+        "PMI_SIZE": str(world),
+        "PMI_FD": str(6 + 2 * rank),
+        "MPI_LOCALRANKID": str(rank),
+        "MPI_LOCALNRANKS": str(world),
         "MPIR_CVAR_CH3_INTERFACE_HOSTNAME": "vm",
     }
     env.update(extra)
@@ -92,8 +127,11 @@ def no_scontrol(monkeypatch):
 def test_torchrun_uses_the_agent_store_under_an_attempt_prefix():
     env = le.detect(torchrun_env(1))
     assert (env.launcher, env.rank, env.world_size, env.local_rank) == ("torchrun", 1, 2, 1)
-    assert (env.master_addr, env.master_port, env.store_host) == ("localhost", 37393,
-                                                                 "torchelastic")
+    assert (env.master_addr, env.master_port, env.store_host) == (
+        "localhost",
+        37393,
+        "torchelastic",
+    )
     assert env.store_prefix == "pycollective/torchelastic/e75cb405/attempt0"
     assert not env.multi_node and not env.port_derived
     again = le.detect(torchrun_env(1, TORCHELASTIC_RESTART_COUNT="1"))
@@ -102,8 +140,17 @@ def test_torchrun_uses_the_agent_store_under_an_attempt_prefix():
 
 def test_torchrun_across_nodes_leaves_the_restart_count_out():
     # Agents count restarts each on their own, so the count may differ between nodes.
-    env = le.detect(torchrun_env(3, 4, LOCAL_WORLD_SIZE="2", LOCAL_RANK="1", GROUP_RANK="1",
-                                 GROUP_WORLD_SIZE="2", TORCHELASTIC_RESTART_COUNT="2"))
+    env = le.detect(
+        torchrun_env(
+            3,
+            4,
+            LOCAL_WORLD_SIZE="2",
+            LOCAL_RANK="1",
+            GROUP_RANK="1",
+            GROUP_WORLD_SIZE="2",
+            TORCHELASTIC_RESTART_COUNT="2",
+        )
+    )
     assert env.multi_node and env.local_world_size == 2
     assert env.store_prefix == "pycollective/torchelastic/e75cb405"
 
@@ -114,11 +161,23 @@ def test_torchrun_without_the_shared_agent_store_has_rank0_host():
 
 
 def test_our_launcher_and_plain_variables():
-    ours = le.detect({"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4",
-                      "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
-                      "PYCOLLECTIVE_STORE_HOSTED": "1"})
+    ours = le.detect(
+        {
+            "RANK": "2",
+            "WORLD_SIZE": "4",
+            "LOCAL_RANK": "2",
+            "LOCAL_WORLD_SIZE": "4",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500",
+            "PYCOLLECTIVE_STORE_HOSTED": "1",
+        }
+    )
     assert (ours.launcher, ours.store_host, ours.rank, ours.store_prefix) == (
-        "pycollective", "launcher", 2, "")
+        "pycollective",
+        "launcher",
+        2,
+        "",
+    )
     plain = le.detect({"RANK": "0", "WORLD_SIZE": "2"})
     assert (plain.launcher, plain.store_host, plain.master_addr) == ("env", "rank0", None)
     multi = le.detect({"RANK": "0", "WORLD_SIZE": "4", "PYCOLLECTIVE_NNODES": "2"})
@@ -178,8 +237,11 @@ def test_mpirun_given_master_port_is_used_as_is():
 
 
 def test_mpirun_across_hosts_needs_master_addr():
-    with pytest.raises(UsageError, match=r"mpirun across several hosts without MASTER_ADDR.*"
-                                         r"mpirun -x MASTER_ADDR="):
+    with pytest.raises(
+        UsageError,
+        match=r"mpirun across several hosts without MASTER_ADDR.*"
+        r"mpirun -x MASTER_ADDR=",
+    ):
         le.detect(ompi_env(3, 4, local=2))
     env = le.detect(ompi_env(3, 4, local=2, MASTER_ADDR="10.0.0.5"))
     assert env.multi_node and env.master_addr == "10.0.0.5" and env.local_rank == 1
@@ -199,8 +261,10 @@ def test_srun_single_node():
 
 
 def test_srun_steps_and_jobs_differ():
-    ports = {le.detect(srun_env(0, job=j, step=s)).master_port
-             for j, s in (("4242", "0"), ("4242", "1"), ("4243", "0"))}
+    ports = {
+        le.detect(srun_env(0, job=j, step=s)).master_port
+        for j, s in (("4242", "0"), ("4242", "1"), ("4243", "0"))
+    }
     assert len(ports) == 3
 
 
@@ -226,8 +290,11 @@ def test_slurm_tasks_per_node():
     assert le._tasks_on_node("2(x3),1", 3) == 1
     assert le._tasks_on_node("2(x3),1", 4) is None
     assert le._tasks_on_node("junk", 0) is None
-    env = le.detect(srun_env(6, 7, nnodes=4, SLURM_NODEID="3", SLURM_LOCALID="0",
-                             SLURM_STEP_TASKS_PER_NODE="2(x3),1"))
+    env = le.detect(
+        srun_env(
+            6, 7, nnodes=4, SLURM_NODEID="3", SLURM_LOCALID="0", SLURM_STEP_TASKS_PER_NODE="2(x3),1"
+        )
+    )
     assert env.local_world_size == 1
 
 
@@ -278,11 +345,13 @@ def test_hydra_without_a_proxy_falls_back_to_one_port(monkeypatch):
 def test_pmi_across_hosts_without_a_job_id_needs_the_port_too():
     with pytest.raises(UsageError, match="MASTER_ADDR .* and MASTER_PORT"):
         le.detect(hydra_env(0, 4, MPI_LOCALNRANKS="2", MASTER_ADDR="10.0.0.5"))
-    env = le.detect(hydra_env(0, 4, MPI_LOCALNRANKS="2", MASTER_ADDR="10.0.0.5",
-                              MASTER_PORT="29400"))
+    env = le.detect(
+        hydra_env(0, 4, MPI_LOCALNRANKS="2", MASTER_ADDR="10.0.0.5", MASTER_PORT="29400")
+    )
     assert env.multi_node and env.master_port == 29400
-    slurm_pmi2 = le.detect(hydra_env(0, 4, MPI_LOCALNRANKS="2", MASTER_ADDR="10.0.0.5",
-                                     PMI_JOBID="4242.0"))
+    slurm_pmi2 = le.detect(
+        hydra_env(0, 4, MPI_LOCALNRANKS="2", MASTER_ADDR="10.0.0.5", PMI_JOBID="4242.0")
+    )
     assert slurm_pmi2.port_derived
 
 
@@ -296,12 +365,14 @@ def test_this_test_process_has_no_hydra_proxy():
 def test_torch_store_adapter_prefixes_keys_and_raises_store_error():
     tdist = pytest.importorskip("torch.distributed")
     server = tdist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=5))
-    client = tdist.TCPStore("127.0.0.1", server.port, 1, False,
-                            timeout=datetime.timedelta(seconds=5))
+    client = tdist.TCPStore(
+        "127.0.0.1", server.port, 1, False, timeout=datetime.timedelta(seconds=5)
+    )
     adapter = _state._TorchStoreAdapter(client, "pycollective/torchelastic/x/attempt0", "agent")
     adapter.set("pycollective/1/tcp/0", b"127.0.0.1:1234")
     assert server.get("pycollective/torchelastic/x/attempt0/pycollective/1/tcp/0") == (
-        b"127.0.0.1:1234")
+        b"127.0.0.1:1234"
+    )
     assert adapter.get("pycollective/1/tcp/0", timeout=1.0) == b"127.0.0.1:1234"
     with pytest.raises(StoreError, match=r"get 'missing' from agent failed: .*timeout"):
         adapter.get("missing", timeout=0.2)
@@ -387,7 +458,10 @@ def test_init_derived_port_taken_says_to_export_master_port(bare_env):
             blocker.listen()
         except OSError:
             pass  # someone else holds it: just as good
-        with pytest.raises(StoreError, match=rf"port {port} was derived from the mpirun job id.*"
-                                             "export MASTER_PORT"):
+        with pytest.raises(
+            StoreError,
+            match=rf"port {port} was derived from the mpirun job id.*"
+            "export MASTER_PORT",
+        ):
             dist.init_process_group(timeout=5)
     assert not dist.is_initialized()

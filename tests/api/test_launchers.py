@@ -34,9 +34,20 @@ TAG = "PYCOLLECTIVE_TEST_JOB"
 
 LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "SLURM_", "TORCHELASTIC_", "MPI_LOCAL", "HYDRA_")
 LAUNCHER_NAMES = {
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYCOLLECTIVE_STORE_HOSTED",
-    "PYCOLLECTIVE_NNODES", "PYCOLLECTIVE_SECRET", "PYCOLLECTIVE_SECRET_FILE",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PYCOLLECTIVE_STORE_HOSTED",
+    "PYCOLLECTIVE_NNODES",
+    "PYCOLLECTIVE_SECRET",
+    "PYCOLLECTIVE_SECRET_FILE",
 }
 
 
@@ -63,7 +74,8 @@ def job_env():
     """A clean environment (no launcher variables) whose processes are checked for leaks."""
     tag = uuid.uuid4().hex
     env = {
-        k: v for k, v in os.environ.items()
+        k: v
+        for k, v in os.environ.items()
         if k not in LAUNCHER_NAMES and not k.startswith(LAUNCHER_PREFIXES)
     }
     env.update({TAG: tag, "PYTHONUNBUFFERED": "1", "PYCOLLECTIVE_TIMEOUT": "60"})
@@ -90,8 +102,13 @@ def run_job(cmd: list, env: dict[str, str], timeout: float = 90) -> subprocess.C
     """Run a launcher command to the end, killing its process group (and every process of
     the job, found by tag) at the timeout."""
     proc = subprocess.Popen(
-        [str(c) for c in cmd], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True,
+        [str(c) for c in cmd],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -103,8 +120,10 @@ def run_job(cmd: list, env: dict[str, str], timeout: float = 90) -> subprocess.C
             except OSError:
                 pass
         out, err = proc.communicate()
-        pytest.fail(f"{cmd[0]} did not finish in {timeout} s\nstdout:\n{out[-4000:]}\n"
-                    f"stderr:\n{err[-4000:]}")
+        pytest.fail(
+            f"{cmd[0]} did not finish in {timeout} s\nstdout:\n{out[-4000:]}\n"
+            f"stderr:\n{err[-4000:]}"
+        )
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
@@ -112,8 +131,13 @@ def start_ranks(per_rank: list[dict[str, str]], env: dict[str, str], args: list[
     """Start one process per rank, as a launcher would: the job's env plus the rank's own."""
     return [
         subprocess.Popen(
-            [PYTHON, *args], env={**env, **extra}, cwd=REPO, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, start_new_session=True,
+            [PYTHON, *args],
+            env={**env, **extra},
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
         for extra in per_rank
     ]
@@ -168,8 +192,10 @@ needs_torchrun = pytest.mark.skipif(
 @pytest.mark.parametrize("n, extra", [(2, ["--torch"]), (3, [])], ids=["2-torch", "3"])
 def test_torchrun_battery(job_env, n, extra):
     # torchrun's agent hosts a torch TCPStore at MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True)
-    res = run_job([TORCHRUN, "--nproc-per-node", n, "--master-port", free_port(),
-                   BATTERY, "--quick", *extra], job_env)
+    res = run_job(
+        [TORCHRUN, "--nproc-per-node", n, "--master-port", free_port(), BATTERY, "--quick", *extra],
+        job_env,
+    )
     assert_battery_passed(res, n)
 
 
@@ -208,8 +234,21 @@ RESTART = """
 def test_torchrun_restart_never_reads_the_failed_attempts_addresses(job_env, tmp_path):
     script = tmp_path / "restart.py"
     script.write_text(textwrap.dedent(RESTART))
-    res = run_job([TORCHRUN, "--nproc-per-node", 2, "--max-restarts", 1, "--monitor-interval",
-                   "0.2", "--master-port", free_port(), script], job_env)
+    res = run_job(
+        [
+            TORCHRUN,
+            "--nproc-per-node",
+            2,
+            "--max-restarts",
+            1,
+            "--monitor-interval",
+            "0.2",
+            "--master-port",
+            free_port(),
+            script,
+        ],
+        job_env,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "attempt 1 rank 0 sum 3" in res.stdout and "attempt 1 rank 1 sum 3" in res.stdout
 
@@ -261,8 +300,9 @@ def _openmpi() -> str | None:
         path = shutil.which(name)
         if path:
             try:
-                out = subprocess.run([path, "--version"], capture_output=True, text=True,
-                                     timeout=20).stdout
+                out = subprocess.run(
+                    [path, "--version"], capture_output=True, text=True, timeout=20
+                ).stdout
             except (OSError, subprocess.SubprocessError):
                 continue
             if "Open MPI" in out:
@@ -294,8 +334,13 @@ def test_mpirun_battery(job_env, n):
 def test_two_mpirun_jobs_at_once_each_find_their_own(job_env):
     procs = [
         subprocess.Popen(
-            [str(c) for c in mpirun_cmd(n, BATTERY, "--quick")], env=job_env, cwd=REPO,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            [str(c) for c in mpirun_cmd(n, BATTERY, "--quick")],
+            env=job_env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
         for n in (2, 3)
     ]
@@ -323,14 +368,28 @@ def test_hydra_battery(job_env, n):
 def srun_vars(rank: int, n: int, job: str, step: str) -> dict[str, str]:
     host = socket.gethostname()
     return {
-        "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_NODEID": "0",
-        "SLURM_NTASKS": str(n), "SLURM_NPROCS": str(n), "SLURM_STEP_NUM_TASKS": str(n),
-        "SLURM_NNODES": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_STEP_NUM_NODES": "1",
-        "SLURM_JOB_ID": job, "SLURM_JOBID": job, "SLURM_STEP_ID": step, "SLURM_STEPID": step,
-        "SLURM_STEP_NODELIST": host, "SLURM_JOB_NODELIST": host, "SLURM_NODELIST": host,
-        "SLURM_TASKS_PER_NODE": str(n), "SLURM_STEP_TASKS_PER_NODE": str(n),
-        "SLURM_GTIDS": ",".join(map(str, range(n))), "SLURMD_NODENAME": host,
-        "SLURM_CPUS_ON_NODE": str(os.cpu_count() or 1), "SLURM_JOB_NAME": "battery",
+        "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": str(rank),
+        "SLURM_NODEID": "0",
+        "SLURM_NTASKS": str(n),
+        "SLURM_NPROCS": str(n),
+        "SLURM_STEP_NUM_TASKS": str(n),
+        "SLURM_NNODES": "1",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_STEP_NUM_NODES": "1",
+        "SLURM_JOB_ID": job,
+        "SLURM_JOBID": job,
+        "SLURM_STEP_ID": step,
+        "SLURM_STEPID": step,
+        "SLURM_STEP_NODELIST": host,
+        "SLURM_JOB_NODELIST": host,
+        "SLURM_NODELIST": host,
+        "SLURM_TASKS_PER_NODE": str(n),
+        "SLURM_STEP_TASKS_PER_NODE": str(n),
+        "SLURM_GTIDS": ",".join(map(str, range(n))),
+        "SLURMD_NODENAME": host,
+        "SLURM_CPUS_ON_NODE": str(os.cpu_count() or 1),
+        "SLURM_JOB_NAME": "battery",
     }
 
 
@@ -339,8 +398,9 @@ def test_srun_two_steps_at_once(job_env):
     # Two steps of one allocation run side by side (2 and 3 tasks); each finds its own rank 0.
     job = str(random.randrange(100000, 999999))
     steps = [
-        start_ranks([srun_vars(r, n, job, step) for r in range(n)], job_env,
-                    [str(BATTERY), "--quick"])
+        start_ranks(
+            [srun_vars(r, n, job, step) for r in range(n)], job_env, [str(BATTERY), "--quick"]
+        )
         for n, step in ((2, "0"), (3, "1"))
     ]
     for procs in steps:
@@ -348,8 +408,13 @@ def test_srun_two_steps_at_once(job_env):
 
 
 def pmi_vars(rank: int, n: int, **extra: str) -> dict[str, str]:
-    return {"PMI_RANK": str(rank), "PMI_SIZE": str(n), "MPI_LOCALRANKID": str(rank),
-            "MPI_LOCALNRANKS": str(n), **extra}
+    return {
+        "PMI_RANK": str(rank),
+        "PMI_SIZE": str(n),
+        "MPI_LOCALRANKID": str(rank),
+        "MPI_LOCALNRANKS": str(n),
+        **extra,
+    }
 
 
 @pytest.mark.timeout(90)
@@ -357,8 +422,9 @@ def test_pmi_jobs(job_env):
     # One PMI job that names its kvs (2 ranks) beside one that names nothing, as hydra (3 ranks).
     kvs = f"kvs_{random.randrange(10**6)}_0"
     jobs = [
-        start_ranks([pmi_vars(r, 2, PMI_KVSNAME=kvs) for r in range(2)], job_env,
-                    [str(BATTERY), "--quick"]),
+        start_ranks(
+            [pmi_vars(r, 2, PMI_KVSNAME=kvs) for r in range(2)], job_env, [str(BATTERY), "--quick"]
+        ),
         start_ranks([pmi_vars(r, 3) for r in range(3)], job_env, [str(BATTERY), "--quick"]),
     ]
     for procs in jobs:

@@ -157,7 +157,11 @@ class _Job:
 
 
 def kill_run(
-    nprocs: int, seed: int, delay: float, victim: int, env: dict[str, str] | None = None,
+    nprocs: int,
+    seed: int,
+    delay: float,
+    victim: int,
+    env: dict[str, str] | None = None,
     bound: float = 5.0,
 ) -> RunResult:
     """Kill rank `victim` with SIGKILL `delay` seconds after every rank is in its loop."""

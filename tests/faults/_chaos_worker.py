@@ -66,9 +66,9 @@ def step(rng: random.Random, it: int) -> None:
     elif kind == 9:  # a ring of point-to-point
         x = np.full(n, RANK, np.float32)
         y = np.empty(n, np.float32)
-        reqs = dist.batch_isend_irecv([
-            dist.P2POp(dist.isend, x, (RANK + 1) % P), dist.P2POp(dist.irecv, y, (RANK - 1) % P)
-        ])
+        reqs = dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, x, (RANK + 1) % P), dist.P2POp(dist.irecv, y, (RANK - 1) % P)]
+        )
         for r in reqs:
             r.wait()
         assert y[0] == (RANK - 1) % P
@@ -94,9 +94,16 @@ def main() -> None:
                 out("NORAISE", rank=RANK, iterations=it)  # told to stop, never raised
                 sys.exit(3)
     except dist.CollectiveError as exc:
-        out("RAISED", rank=RANK, at=time.time(), error=type(exc).__name__,
-            bases=[c.__name__ for c in type(exc).__mro__], msg=str(exc)[:500],
-            peer=getattr(exc, "peer", None), iterations=it)
+        out(
+            "RAISED",
+            rank=RANK,
+            at=time.time(),
+            error=type(exc).__name__,
+            bases=[c.__name__ for c in type(exc).__mro__],
+            msg=str(exc)[:500],
+            peer=getattr(exc, "peer", None),
+            iterations=it,
+        )
         dist.destroy_process_group()
         sys.exit(1)
     except KeyboardInterrupt:

@@ -1,7 +1,7 @@
 """One rank of a flight-recorder job (tests/faults/test_flight.py).
 
-    _flight_worker.py sleep NAP   the last rank stops calling; the others time out
-    _flight_worker.py usr1        every rank dumps on SIGUSR1 after a few calls
+_flight_worker.py sleep NAP   the last rank stops calling; the others time out
+_flight_worker.py usr1        every rank dumps on SIGUSR1 after a few calls
 """
 
 from __future__ import annotations

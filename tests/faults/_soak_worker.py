@@ -71,11 +71,22 @@ def main() -> None:
     dist.barrier()
     after = sample()
     dist.destroy_process_group()
-    print("SOAK " + json.dumps({
-        "rank": RANK, "small": small, "large": large, "seconds": seconds,
-        "before": before, "middle": middle, "after": after,
-        "rss_growth_pct": 100.0 * (after["rss"] - before["rss"]) / before["rss"],
-    }), flush=True)
+    print(
+        "SOAK "
+        + json.dumps(
+            {
+                "rank": RANK,
+                "small": small,
+                "large": large,
+                "seconds": seconds,
+                "before": before,
+                "middle": middle,
+                "after": after,
+                "rss_growth_pct": 100.0 * (after["rss"] - before["rss"]) / before["rss"],
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -131,6 +131,7 @@ def _sub_ar(n):
     def run():
         g = dist.new_group(list(range(P)))
         dist.all_reduce(np.ones(n, np.float32), group=g)
+
     return run
 
 
@@ -145,35 +146,50 @@ MORE_MISMATCHES = {
     ),
     "barrier-kind": lambda f: dist.barrier if f else _ar(),
     "reduce-kind": lambda f: (lambda: dist.reduce(np.ones(8, np.float32), dst=0)) if f else _ar(),
-    "reduce-op": lambda f: lambda: dist.reduce(
-        np.ones(8, np.float32), dst=0, op=ReduceOp.SUM if f else ReduceOp.MIN
+    "reduce-op": lambda f: (
+        lambda: dist.reduce(np.ones(8, np.float32), dst=0, op=ReduceOp.SUM if f else ReduceOp.MIN)
     ),
     "reduce-dst": lambda f: lambda: dist.reduce(np.ones(8, np.float32), dst=0 if f else 1),
-    "gather-dst": lambda f: lambda: dist.gather(
-        np.ones(4, np.float32), [_z(4) for _ in range(P)] if RANK == (0 if f else 1) else None,
-        dst=0 if f else 1,
+    "gather-dst": lambda f: (
+        lambda: dist.gather(
+            np.ones(4, np.float32),
+            [_z(4) for _ in range(P)] if RANK == (0 if f else 1) else None,
+            dst=0 if f else 1,
+        )
     ),
-    "scatter-src": lambda f: lambda: dist.scatter(
-        _z(4), [np.ones(4, np.float32) for _ in range(P)] if RANK == (0 if f else 1) else None,
-        src=0 if f else 1,
+    "scatter-src": lambda f: (
+        lambda: dist.scatter(
+            _z(4),
+            [np.ones(4, np.float32) for _ in range(P)] if RANK == (0 if f else 1) else None,
+            src=0 if f else 1,
+        )
     ),
     "gather-vs-scatter": lambda f: (
-        (lambda: dist.gather(np.ones(4, np.float32), [_z(4) for _ in range(P)], dst=0)) if f
+        (lambda: dist.gather(np.ones(4, np.float32), [_z(4) for _ in range(P)], dst=0))
+        if f
         else (lambda: dist.scatter(_z(4), None, src=0))
     ),
-    "rs-count": lambda f: lambda: dist.reduce_scatter_tensor(
-        _z(4 if f else 5), np.ones((4 if f else 5) * P, np.float32)
+    "rs-count": lambda f: (
+        lambda: dist.reduce_scatter_tensor(
+            _z(4 if f else 5), np.ones((4 if f else 5) * P, np.float32)
+        )
     ),
-    "rs-op": lambda f: lambda: dist.reduce_scatter_tensor(
-        _z(4), np.ones(4 * P, np.float32), op=ReduceOp.SUM if f else ReduceOp.PRODUCT
+    "rs-op": lambda f: (
+        lambda: dist.reduce_scatter_tensor(
+            _z(4), np.ones(4 * P, np.float32), op=ReduceOp.SUM if f else ReduceOp.PRODUCT
+        )
     ),
-    "a2a-count": lambda f: lambda: dist.all_to_all_single(
-        _z((4 if f else 6) * P), np.ones((4 if f else 6) * P, np.float32)
+    "a2a-count": lambda f: (
+        lambda: dist.all_to_all_single(
+            _z((4 if f else 6) * P), np.ones((4 if f else 6) * P, np.float32)
+        )
     ),
     "bcast-dtype": lambda f: lambda: dist.broadcast(np.ones(8, np.int32 if f else np.float32), 0),
     "bcast-count": lambda f: _bc(0, n=8 if f else 9),
-    "ag-dtype": lambda f: lambda: dist.all_gather_into_tensor(
-        _z(8 * P, np.int64 if f else np.float64), np.ones(8, np.int64 if f else np.float64)
+    "ag-dtype": lambda f: (
+        lambda: dist.all_gather_into_tensor(
+            _z(8 * P, np.int64 if f else np.float64), np.ones(8, np.int64 if f else np.float64)
+        )
     ),
     "avg-sum": lambda f: _ar(op=ReduceOp.AVG if f else ReduceOp.SUM),
     "subgroup-count": lambda f: _sub_ar(8 if f else 16),
@@ -188,6 +204,7 @@ MORE_MISMATCHES = {
 def die(how: str, algorithm: str, victim: int, n: int) -> None:
     """Loop all_reduce; the victim dies from a timer thread, mid-collective."""
     if RANK == victim:
+
         def kill() -> None:
             if how == "exit":
                 os._exit(17)
@@ -229,8 +246,12 @@ def sleeper(nap: float) -> None:
     else:
         exc = attempt("timeout", _ar())
         if exc is not None:
-            report(step="timeout-info", error=None, elapsed=0.0,
-                   waiting_on=list(getattr(exc, "waiting_on", ()) or ()))
+            report(
+                step="timeout-info",
+                error=None,
+                elapsed=0.0,
+                waiting_on=list(getattr(exc, "waiting_on", ()) or ()),
+            )
         # stay up until the sleeper has called, so it hears the news from us
         time.sleep(max(0.0, nap + 1.5 - 2.0))
         attempt("after", _ar())
@@ -272,8 +293,12 @@ def monitored(nap: float) -> None:
         attempt("late", lambda: dist.monitored_barrier(timeout=10))
         return
     exc = attempt("missing", lambda: dist.monitored_barrier(timeout=1.0, wait_all_ranks=True))
-    report(step="missing-info", error=None, elapsed=0.0,
-           waiting_on=list(getattr(exc, "waiting_on", ()) or ()))
+    report(
+        step="missing-info",
+        error=None,
+        elapsed=0.0,
+        waiting_on=list(getattr(exc, "waiting_on", ()) or ()),
+    )
     time.sleep(max(0.0, nap - 0.5))  # stay until the late rank has heard from us
 
 

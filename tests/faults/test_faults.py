@@ -16,13 +16,20 @@ from tests._launch import REPO, RankResult, run_ranks
 
 WORKER = REPO / "tests" / "faults" / "_worker.py"
 COLLECTIVE_ERRORS = {
-    "CollectiveError", "TransportError", "CollectiveTimeout", "MismatchError", "UsageError",
+    "CollectiveError",
+    "TransportError",
+    "CollectiveTimeout",
+    "MismatchError",
+    "UsageError",
 }
 
 
 def _job(nprocs: int, *args: str, timeout: float = 10.0, job_timeout: float = 40.0):
     results = run_ranks(
-        WORKER, nprocs, tuple(args), env={"PYCOLLECTIVE_TIMEOUT": str(timeout)},
+        WORKER,
+        nprocs,
+        tuple(args),
+        env={"PYCOLLECTIVE_TIMEOUT": str(timeout)},
         timeout=job_timeout,
     )
     return results, {r.rank: _steps(r) for r in results}
@@ -32,7 +39,7 @@ def _steps(r: RankResult) -> dict[str, dict]:
     steps = {}
     for line in r.stdout.splitlines():
         if line.startswith("RESULT "):
-            d = json.loads(line[len("RESULT "):])
+            d = json.loads(line[len("RESULT ") :])
             steps[d["step"]] = d
     return steps
 
@@ -98,16 +105,25 @@ SIDES.update(MORE_SIDES)
 # A rank whose part is only sending can finish before the receiver sees the mismatch (there
 # is no acknowledgement to wait for); it must then raise at its next call on the group.
 SEND_ONLY_POSSIBLE = {
-    "root", "p2p-dtype", "p2p-size", "reduce-kind", "reduce-op", "reduce-dst", "gather-dst",
-    "scatter-src", "gather-vs-scatter", "bcast-dtype", "bcast-count", "object-src",
+    "root",
+    "p2p-dtype",
+    "p2p-size",
+    "reduce-kind",
+    "reduce-op",
+    "reduce-dst",
+    "gather-dst",
+    "scatter-src",
+    "gather-vs-scatter",
+    "bcast-dtype",
+    "bcast-count",
+    "object-src",
 }
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     "variant,nprocs",
-    [(v, n) for v in SIDES if v not in MORE_SIDES for n in (2, 3)]
-    + [(v, 3) for v in MORE_SIDES],
+    [(v, n) for v in SIDES if v not in MORE_SIDES for n in (2, 3)] + [(v, 3) for v in MORE_SIDES],
 )
 def test_mismatch_raises_on_every_rank_naming_both_sides(variant: str, nprocs: int) -> None:
     results, steps = _job(nprocs, "mismatch", variant)

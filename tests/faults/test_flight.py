@@ -71,7 +71,7 @@ def test_timeout_dumps_and_diagnose_names_the_rank_behind(tmp_path) -> None:
     infos = []
     for r in results[:2]:
         line = next(x for x in r.stdout.splitlines() if x.startswith("TIMEOUT "))
-        infos.append(json.loads(line[len("TIMEOUT "):]))
+        infos.append(json.loads(line[len("TIMEOUT ") :]))
         assert "flight recorder: " in infos[-1]["msg"], infos
     # A rank may hear of the timeout from the other (then it names whom it waited on);
     # whoever timed out on its own names rank 2 and says what rank 2 was last doing: its

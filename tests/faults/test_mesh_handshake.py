@@ -114,7 +114,8 @@ def _check_mesh(results: dict, size: int) -> None:
             hdr = _wire.Header(_wire.P2P, 10, 0, 0, 0, 7, 0, 5, 0, 0, 8)
             sends = [
                 OutMessage(p, hdr, memoryview(np.full(8, rank, np.uint8)))
-                for p in range(size) if p != rank
+                for p in range(size)
+                if p != rank
             ]
             bufs = {p: np.zeros(8, np.uint8) for p in range(size) if p != rank}
             recvs = [InMessage(p, hdr, memoryview(bufs[p])) for p in bufs]

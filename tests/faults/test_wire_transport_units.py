@@ -29,7 +29,16 @@ I32 = st.integers(-(2**31), 2**31 - 1)
 
 @given(
     st.sampled_from([_wire.DATA, _wire.P2P, _wire.ABORT, _wire.PROBE]),
-    U8, U8, U8, U8, U32, U64, U32, I32, U64, U64,
+    U8,
+    U8,
+    U8,
+    U8,
+    U32,
+    U64,
+    U32,
+    I32,
+    U64,
+    U64,
 )
 def test_header_round_trips(frame, kind, dtype, op, algo, group, seq, tag, root, count, nbytes):
     h = Header(frame, kind, dtype, op, algo, group, seq, tag, root, count, nbytes)
@@ -40,16 +49,31 @@ def test_header_round_trips(frame, kind, dtype, op, algo, group, seq, tag, root,
 
 
 def _data(**kw) -> Header:
-    fields = dict(frame=_wire.DATA, kind=_wire.KIND_CODE["all_reduce"], dtype=0, op=0, algo=0,
-                  group=GROUP, seq=1, tag=0, root=0, count=4, nbytes=16)
+    fields = dict(
+        frame=_wire.DATA,
+        kind=_wire.KIND_CODE["all_reduce"],
+        dtype=0,
+        op=0,
+        algo=0,
+        group=GROUP,
+        seq=1,
+        tag=0,
+        root=0,
+        count=4,
+        nbytes=16,
+    )
     fields.update(kw)
     return Header(**fields)
 
 
 @pytest.mark.parametrize(
     "offset,value,message",
-    [(0, b"XX", "bad magic"), (2, bytes([99]), "version"), (3, bytes([0]), "frame type"),
-     (3, bytes([200]), "frame type")],
+    [
+        (0, b"XX", "bad magic"),
+        (2, bytes([99]), "version"),
+        (3, bytes([0]), "frame type"),
+        (3, bytes([200]), "frame type"),
+    ],
 )
 def test_unpack_rejects_bad_headers(offset, value, message):
     raw = bytearray(_data().pack())
@@ -213,8 +237,9 @@ def test_abort_notice_keeps_class_and_culprit_and_waits_for_its_collective(two):
         t0.check_group(GROUP, 3)
     assert info.value.peer == 5
     with pytest.raises(TransportError):  # point-to-point: at once
-        t0.exchange([], [_recv(1, Header(_wire.P2P, 10, 0, 0, 0, GROUP, 0, 0, 0, 0, 16))],
-                    _soon(), GROUP)
+        t0.exchange(
+            [], [_recv(1, Header(_wire.P2P, 10, 0, 0, 0, GROUP, 0, 0, 0, 0, 16))], _soon(), GROUP
+        )
 
 
 @pytest.mark.timeout(10)

@@ -74,8 +74,9 @@ def main() -> None:
         tr = client.traffic()
         print(f"worker {rank} steps={client.steps} sent={tr.bytes_sent} recv={tr.bytes_received}")
         ps.shutdown()
-    torch.save({k: v.detach().clone() for k, v in net.state_dict().items()},
-               f"{args.out}.rank{rank}.pt")
+    torch.save(
+        {k: v.detach().clone() for k, v in net.state_dict().items()}, f"{args.out}.rank{rank}.pt"
+    )
 
 
 if __name__ == "__main__":

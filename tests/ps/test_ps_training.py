@@ -42,8 +42,10 @@ def test_sync_ps_workers_identical_and_match_allreduce(tmp_path) -> None:
     ar = _load(tmp_path / "ar", 2)
     diff = max((ps_states[0][k] - ar[0][k]).abs().max().item() for k in ar[0])
     assert diff < 1e-5
-    moved = max((ps_states[0][k] - v).abs().max().item()
-                for k, v in _ps_worker().model().state_dict().items())
+    moved = max(
+        (ps_states[0][k] - v).abs().max().item()
+        for k, v in _ps_worker().model().state_dict().items()
+    )
     assert moved > 1e-2  # the runs trained: equality is not between two initial states
 
 

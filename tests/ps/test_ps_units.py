@@ -60,8 +60,10 @@ def test_server_optimizers_follow_torch(spec: dict) -> None:
 
 
 def test_launcher_starts_servers_after_workers() -> None:
-    code = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in "
-            "['RANK', 'WORLD_SIZE', 'PYCOLLECTIVE_ROLE', 'PYCOLLECTIVE_NUM_SERVERS']}))")
+    code = (
+        "import json, os; print(json.dumps({k: os.environ.get(k) for k in "
+        "['RANK', 'WORLD_SIZE', 'PYCOLLECTIVE_ROLE', 'PYCOLLECTIVE_NUM_SERVERS']}))"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     res = subprocess.run(
         [sys.executable, "-m", "pycollective", "run", "--no-prefix", "-n", "2", "--servers",

@@ -1,7 +1,7 @@
 """One rank of an object-collective job (tests/security/test_serialize.py).
 
-    _objects_worker.py roundtrip    every object collective, under whichever serializer is set
-    _objects_worker.py unencodable  rank 1 broadcasts an object the safe format cannot carry
+_objects_worker.py roundtrip    every object collective, under whichever serializer is set
+_objects_worker.py unencodable  rank 1 broadcasts an object the safe format cannot carry
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ def roundtrip() -> None:
     def run() -> None:
         got = [None] * P
         dist.all_gather_object(got, mine())
-        ok = all(g["rank"] == r and g["arr"].tolist() == list(range(r + 1)) for r, g in
-                 enumerate(got))
+        ok = all(
+            g["rank"] == r and g["arr"].tolist() == list(range(r + 1)) for r, g in enumerate(got)
+        )
         objs = [mine()] if RANK == 1 else [None]
         dist.broadcast_object_list(objs, src=1)
         ok = ok and objs[0]["rank"] == 1 and objs[0]["t"] == (1.5, None, b"x")

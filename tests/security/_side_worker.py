@@ -40,8 +40,13 @@ def main() -> None:
     counted = int(store.get(f"side/count/{RANK}"))
     store.close()
     dist.destroy_process_group()
-    print("SIDE " + json.dumps({"rank": RANK, "iterations": it, "bad": bad,
-                                "store_ops": store_ops, "counted": counted}), flush=True)
+    print(
+        "SIDE "
+        + json.dumps(
+            {"rank": RANK, "iterations": it, "bad": bad, "store_ops": store_ops, "counted": counted}
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

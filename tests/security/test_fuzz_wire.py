@@ -71,8 +71,11 @@ def side_job():
     procs = [
         subprocess.Popen(
             [sys.executable, str(REPO / "tests" / "security" / "_side_worker.py")],
-            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, cwd=REPO,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )  # fmt: skip
         for r in range(2)
     ]
@@ -246,15 +249,23 @@ def _beside(t0: TCPTransport, t2: TCPTransport, seq: int) -> None:
 
     def rank2() -> None:
         try:
-            t2.exchange([OutMessage(0, h, memoryview(out2))],
-                        [InMessage(0, h, memoryview(in2))], time.monotonic() + 10, 2)
+            t2.exchange(
+                [OutMessage(0, h, memoryview(out2))],
+                [InMessage(0, h, memoryview(in2))],
+                time.monotonic() + 10,
+                2,
+            )
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
     th = threading.Thread(target=rank2)
     th.start()
-    t0.exchange([OutMessage(2, h, memoryview(out0))], [InMessage(2, h, memoryview(in0))],
-                time.monotonic() + 10, 2)
+    t0.exchange(
+        [OutMessage(2, h, memoryview(out0))],
+        [InMessage(2, h, memoryview(in0))],
+        time.monotonic() + 10,
+        2,
+    )
     th.join(10)
     assert not errors, errors
     assert bytes(in0) == out2 and bytes(in2) == out0
@@ -276,8 +287,12 @@ def test_transport_survives_a_hostile_peer_beside_a_working_group(frames: bytes,
             hostile.shutdown(socket.SHUT_WR)
         dest = bytearray(16)
         try:
-            t0.exchange([], [InMessage(1, EXPECT, memoryview(dest))],
-                        time.monotonic() + (5 if close else 0.05), 1)
+            t0.exchange(
+                [],
+                [InMessage(1, EXPECT, memoryview(dest))],
+                time.monotonic() + (5 if close else 0.05),
+                1,
+            )
         except CollectiveError:
             pass  # refused, lost, mismatched or timed out: all fine; a crash is not
         assert t0._unexpected_bytes <= t0.max_unexpected
@@ -299,6 +314,7 @@ def test_transport_handshake_refuses_garbage(data: bytes, authenticated: bool) -
     COUNTS["transport-handshake"] += 1
     a, b = socket.socketpair()
     with a, b:
+
         def peer() -> None:
             try:
                 if authenticated:
@@ -313,7 +329,8 @@ def test_transport_handshake_refuses_garbage(data: bytes, authenticated: bool) -
         got = _accept_peer(a, ("fuzz", 0), 0, 3, SECRET, time.monotonic() + 5)
         th.join(10)
         valid_hello = authenticated and data[: _HELLO.size] in (
-            _HELLO.pack(b"HELO", 1, 3), _HELLO.pack(b"HELO", 2, 3)
+            _HELLO.pack(b"HELO", 1, 3),
+            _HELLO.pack(b"HELO", 2, 3),
         )
         assert got is None or valid_hello, (got, data)
 
@@ -343,6 +360,13 @@ def test_zz_the_job_beside_kept_working_and_memory_stayed_bounded(side_job) -> N
     report = os.environ.get("PYCOLLECTIVE_FUZZ_REPORT")
     if report:
         with open(report, "w") as f:
-            json.dump({"inputs": total, "per_target": dict(COUNTS), "side_job": outs,
-                       "rss_growth_bytes": grew}, f)
+            json.dump(
+                {
+                    "inputs": total,
+                    "per_target": dict(COUNTS),
+                    "side_job": outs,
+                    "rss_growth_bytes": grew,
+                },
+                f,
+            )
     assert total >= 6 * EXAMPLES * 0.9, COUNTS  # hypothesis may stop a little short

@@ -19,13 +19,19 @@ from pycollective._errors import CollectiveError, MismatchError, UsageError
 WORKER = REPO / "tests" / "security" / "_objects_worker.py"
 
 _scalars = (
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
-    | st.binary() | st.complex_numbers(allow_nan=False)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.text()
+    | st.binary()
+    | st.complex_numbers(allow_nan=False)
 )
 _values = st.recursive(
     _scalars,
     lambda inner: (
-        st.lists(inner, max_size=4) | st.tuples(inner, inner)
+        st.lists(inner, max_size=4)
+        | st.tuples(inner, inner)
         | st.dictionaries(st.text(max_size=5) | st.integers(), inner, max_size=4)
         | st.frozensets(st.integers() | st.text(max_size=4), max_size=4)
     ),
@@ -139,8 +145,9 @@ def _results(results):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("serializer", ["pickle", "safe"])
 def test_object_collectives_work_with_either_serializer(serializer: str) -> None:
-    results = run_ranks(WORKER, 3, ("roundtrip",),
-                        env={"PYCOLLECTIVE_OBJECT_SERIALIZER": serializer})
+    results = run_ranks(
+        WORKER, 3, ("roundtrip",), env={"PYCOLLECTIVE_OBJECT_SERIALIZER": serializer}
+    )
     steps = _results(results)
     for r in results:
         assert r.returncode == 0, r.stderr
@@ -150,16 +157,21 @@ def test_object_collectives_work_with_either_serializer(serializer: str) -> None
 
 @pytest.mark.timeout(60)
 def test_a_safe_rank_refuses_a_pickling_peer() -> None:
-    results = run_ranks(WORKER, 2, ("roundtrip",),
-                        per_rank_env={0: {"PYCOLLECTIVE_OBJECT_SERIALIZER": "safe"}})
+    results = run_ranks(
+        WORKER, 2, ("roundtrip",), per_rank_env={0: {"PYCOLLECTIVE_OBJECT_SERIALIZER": "safe"}}
+    )
     s = _results(results)[0]["roundtrip"]
     assert s["error"] == "MismatchError" and "rank 1 sent a pickled object" in s["msg"], s
 
 
 @pytest.mark.timeout(60)
 def test_a_root_that_cannot_serialize_fails_every_rank_promptly() -> None:
-    results = run_ranks(WORKER, 3, ("unencodable",), env={
-        "PYCOLLECTIVE_OBJECT_SERIALIZER": "safe", "PYCOLLECTIVE_TIMEOUT": "30"})
+    results = run_ranks(
+        WORKER,
+        3,
+        ("unencodable",),
+        env={"PYCOLLECTIVE_OBJECT_SERIALIZER": "safe", "PYCOLLECTIVE_TIMEOUT": "30"},
+    )
     steps = _results(results)
     for r in results:
         s = steps[r.rank]["broadcast"]

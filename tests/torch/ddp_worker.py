@@ -41,7 +41,7 @@ def train(args: argparse.Namespace, scenario: str, distributed: bool, rank: int,
     net = model()
     hook, accum = "none", 1
     if scenario.startswith("accum"):
-        accum = int(scenario[len("accum"):])
+        accum = int(scenario[len("accum") :])
     elif scenario != "plain":
         hook = scenario
     if distributed:
@@ -68,8 +68,10 @@ def train(args: argparse.Namespace, scenario: str, distributed: bool, rank: int,
                 loss.backward()
         opt.step()
     module = net.module if distributed else net
-    torch.save({k: v.detach().clone() for k, v in module.state_dict().items()},
-               f"{args.out}.{scenario}.rank{rank}.pt")
+    torch.save(
+        {k: v.detach().clone() for k, v in module.state_dict().items()},
+        f"{args.out}.{scenario}.rank{rank}.pt",
+    )
 
 
 def main() -> None:

@@ -108,8 +108,10 @@ def main() -> None:
 
     # point-to-point: a ring with batch_isend_irecv, then blocking and any-source receives
     got = torch.zeros(2)
-    ops = [dist.P2POp(dist.isend, torch.full((2,), float(r)), (r + 1) % n),
-           dist.P2POp(dist.irecv, got, (r - 1) % n)]
+    ops = [
+        dist.P2POp(dist.isend, torch.full((2,), float(r)), (r + 1) % n),
+        dist.P2POp(dist.irecv, got, (r - 1) % n),
+    ]
     for w in dist.batch_isend_irecv(ops):
         w.wait()
     same(got, torch.full((2,), float((r - 1) % n)), "batch_isend_irecv ring")

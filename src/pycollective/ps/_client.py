@@ -46,8 +46,10 @@ class Client:
             if b.dtype is not BY_NAME["float32"]:
                 raise UsageError(f"params[{i}] is {b.dtype.name}; the servers hold float32")
         self.total = sum(b.count for b in self._params)
-        self._flat = np.concatenate([b.array for b in self._params]) if self._params else (
-            np.empty(0, np.float32)
+        self._flat = (
+            np.concatenate([b.array for b in self._params])
+            if self._params
+            else (np.empty(0, np.float32))
         )
         self._bounds = shard_bounds(self.total, roles.num_servers)
         # One outgoing buffer per server: [command, gradient slice].

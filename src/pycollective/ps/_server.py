@@ -45,9 +45,7 @@ def _serve_sync(roles: Roles, group, params: np.ndarray, optimizer) -> ServerSta
     workers = list(roles.worker_ranks)
     inbox = np.empty((len(workers), params.size + 1), dtype=np.float32)
     while True:
-        recvs = [
-            _p2p.irecv(inbox[i], w, group=group, tag=PUSH_TAG) for i, w in enumerate(workers)
-        ]
+        recvs = [_p2p.irecv(inbox[i], w, group=group, tag=PUSH_TAG) for i, w in enumerate(workers)]
         for work in recvs:
             work.wait()
         stats.pushes += len(workers)

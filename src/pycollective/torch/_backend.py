@@ -114,8 +114,13 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         adapter = _state._TorchStoreAdapter(store, "", "torch's c10d store")
         master_addr, multi_node = _where()
         self._world: World = _state.connect_world(
-            rank, size, adapter, seconds, f"pycollective-backend/{next(_instances)}",
-            master_addr=master_addr, multi_node=multi_node,
+            rank,
+            size,
+            adapter,
+            seconds,
+            f"pycollective-backend/{next(_instances)}",
+            master_addr=master_addr,
+            multi_node=multi_node,
         )
         self._world.owns_store = False  # torch owns its store
         ranks = tuple(range(size))
@@ -394,6 +399,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         t = staged.out(self._one(tensors, "recv"), "recv tensor")
         work = _p2p.irecv(t, None, group=self._pg, tag=tag)
         return self._work([work], staged.finish(), tensors)
+
 
 def _where() -> tuple[str | None, bool]:
     """Where rank 0 is and whether the job spans hosts (from the launcher's environment):

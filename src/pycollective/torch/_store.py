@@ -100,9 +100,10 @@ def launcher_store(timeout: datetime.timedelta) -> TorchStore:
 
 def _under_launcher() -> bool:
     env = os.environ
-    return env.get("PYCOLLECTIVE_STORE_HOSTED") == "1" and env.get(
-        "TORCHELASTIC_USE_AGENT_STORE", ""
-    ).lower() != "true"
+    return (
+        env.get("PYCOLLECTIVE_STORE_HOSTED") == "1"
+        and env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true"
+    )
 
 
 def _env_handler(torch_handler: Any):
