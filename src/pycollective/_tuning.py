@@ -102,7 +102,7 @@ def source(transport: str) -> str:
 
 
 def cores() -> int:
-    """CPUs this process may run on (PYCOLLECTIVE_CORES overrides)."""
+    """CPUs this process's job may run on here (PYCOLLECTIVE_CORES overrides)."""
     env = os.environ.get("PYCOLLECTIVE_CORES", "").strip()
     if env:
         try:
@@ -113,9 +113,12 @@ def cores() -> int:
             raise ValueError(f"PYCOLLECTIVE_CORES must be a whole number >= 1, got {env!r}")
         return n
     try:
-        return len(os.sched_getaffinity(0)) or 1
+        mine = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+    # One core means a launcher pinned this rank (mpirun binds each rank to its own core):
+    # the job's ranks together then have the host's cores, not one between them.
+    return mine if mine > 1 else (os.cpu_count() or 1)
 
 
 def local_ranks(world_size: int) -> int:

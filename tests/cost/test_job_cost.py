@@ -153,3 +153,13 @@ def test_bench_auto_against_best() -> None:
     assert any("auto chose tree, best was tree, auto/best = 1.00x" in ln for ln in lines)
     assert any("geometric mean 1.049x" in ln and "1/2 sizes" in ln for ln in lines)
     assert bench.auto_vs_best([rec("auto", 1.0, "ring"), rec("ring", 1.0)]) == []
+
+
+def test_a_rank_pinned_to_one_core_counts_the_hosts_cores(monkeypatch) -> None:
+    """mpirun binds each rank to a core of its own: the job is not one core for all."""
+    monkeypatch.delenv("PYCOLLECTIVE_CORES", raising=False)
+    monkeypatch.setattr(_tuning.os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(_tuning.os, "cpu_count", lambda: 8)
+    assert _tuning.cores() == 8
+    monkeypatch.setattr(_tuning.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    assert _tuning.cores() == 3  # a wider set is taken as given (taskset, cgroups)

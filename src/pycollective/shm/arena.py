@@ -38,6 +38,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .. import _tuning
 from .._timeline import WAIT as _WAIT
 from . import _futex
 
@@ -88,11 +89,9 @@ def affinity() -> set[int]:
 
 
 def _cores() -> int:
-    """Cores a group on this host may use, guessed from this process alone: its affinity,
-    unless a launcher pinned it to one core (mpirun binds each rank to its own core; the
-    group as a whole then has all of them). `set_cores` corrects it once peers are known."""
-    mine = len(affinity())
-    return mine if mine > 1 else (os.cpu_count() or 1)
+    """Cores a group on this host may use, guessed from this process alone (see
+    _tuning.cores); `set_cores` corrects it once peers are known."""
+    return _tuning.cores()
 
 
 def slot_bytes_for(size: int) -> int:
