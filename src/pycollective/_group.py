@@ -295,7 +295,7 @@ class ProcessGroup:
                 if world.transport is not None and self._peers:
                     # An abort notice that came since the last call fails this one now,
                     # even if none of its own steps would touch the rank at fault.
-                    world.transport.check_group(self.group_id, seq)
+                    world.transport.check_group(self.group_id, seq, header)
                 if algo == _hier.ALGORITHM:
                     if self.hierarchy is not None:  # None: one rank, nothing to do
                         self.hierarchy.run(

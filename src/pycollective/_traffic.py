@@ -81,8 +81,8 @@ class CountingTransport(Transport):
     def lost_peers(self) -> dict[int, str]:
         return self.inner.lost_peers()
 
-    def check_group(self, group: int, seq: int | None = None) -> None:
-        self.inner.check_group(group, seq)
+    def check_group(self, group: int, seq: int | None = None, call: Any = None) -> None:
+        self.inner.check_group(group, seq, call)
 
     def interrupt(self, reason: str) -> None:
         self.inner.interrupt(reason)

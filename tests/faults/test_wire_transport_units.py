@@ -217,6 +217,22 @@ def test_stale_frame_of_an_earlier_collective_is_a_mismatch(pair):
 
 
 @pytest.mark.timeout(10)
+def test_stale_frame_is_a_mismatch_even_when_the_next_call_runs_in_the_arena(pair):
+    """As above, but rank 0's next collective never touches TCP (the shared-memory arena):
+    the check before it must find the frame, naming what each rank called in #1."""
+    t, raw = pair
+    t.exchange([_send(1, _data(seq=1))], [], _soon(), GROUP)  # our #1: send only
+    raw.recv(1 << 16)
+    raw.sendall(_data(seq=1, root=1).pack() + bytes(16))  # theirs: a different #1
+    deadline = time.monotonic() + 5
+    with pytest.raises(MismatchError, match="root differ") as info:
+        while time.monotonic() < deadline:  # until the frame has arrived and been read
+            t.check_group(GROUP, 2, _data(seq=2))
+            time.sleep(0.01)
+    assert "root=0" in str(info.value) and "root=1" in str(info.value)
+
+
+@pytest.mark.timeout(10)
 def test_abort_notice_keeps_class_and_culprit_and_waits_for_its_collective(two):
     t0, t1 = two
     t1.abort([0], GROUP, TransportError("rank 1 lost rank 5: gone", peer=5), seq=3)

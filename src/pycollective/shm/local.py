@@ -227,7 +227,7 @@ class LocalGroup:
                 for q in lagging:
                     self._check_peer(q, header, target)
             if transport is not None:
-                transport.check_group(self.group_id, header.seq)
+                transport.check_group(self.group_id, header.seq, header)
                 lost = transport.lost_peers()
                 for q in lagging:
                     g = self.ranks[q]

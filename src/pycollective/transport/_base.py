@@ -87,10 +87,15 @@ class Transport(ABC):
         """Peers whose connection is gone, with the reason."""
         return {}
 
-    def check_group(self, group: int, seq: int | None = None) -> None:  # noqa: B027
+    def check_group(  # noqa: B027
+        self, group: int, seq: int | None = None, call: Header | None = None
+    ) -> None:
         """Raise now, without waiting, if a peer reported that `group` failed in its
         collective `seq` or earlier (None: any). Called before each operation, so a rank
-        whose own steps would not touch the peer at fault still learns at once."""
+        whose own steps would not touch the peer at fault still learns at once. `call` is
+        the header of the collective about to run: a frame that peers sent for an earlier
+        collective and nobody received, or that contradicts this one, is a mismatch even
+        when this call runs elsewhere (the shared-memory arena)."""
 
     def interrupt(self, reason: str) -> None:  # noqa: B027 - optional for simple transports
         """Make the exchange in progress (from any thread) and every later one raise

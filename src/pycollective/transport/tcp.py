@@ -305,7 +305,7 @@ class TCPTransport(Transport):
         finally:
             self._active = None
 
-    def check_group(self, group: int, seq: int | None = None) -> None:
+    def check_group(self, group: int, seq: int | None = None, call: Header | None = None) -> None:
         """Raise now if a peer reported that `group` failed (in collective `seq` or before;
         None: any): read whatever already arrived, abort notices included, without waiting.
         One non-blocking select. A peer that hung up is not a failure by itself: it may
@@ -316,6 +316,9 @@ class TCPTransport(Transport):
         self._raise_if_interrupted()
         self._pump(0.0)
         self._raise_if_aborted(group, seq)
+        if call is not None:
+            self._begin(group, call)
+            self._check_stale(group, call.seq)
 
     def interrupt(self, reason: str) -> None:
         """Make the exchange in progress (in any thread), and every later one, raise
@@ -445,15 +448,7 @@ class TCPTransport(Transport):
                 history = self._previous[group] = deque(maxlen=_HISTORY)
             history.append(current)
         self._current[group] = header
-        for key, stashed in self._unexpected.items():
-            if key[0] != _wire.DATA or key[1] != group or key[2] > header.seq:
-                continue
-            for peer, got, _payload in stashed:
-                if got.seq < header.seq:
-                    self._stale(peer, got, header)
-                diffs = _wire.meta_differences(got, header)
-                if diffs:
-                    self._mismatch(peer, got, header, diffs)
+        self._check_stashed(group, header)
         if self._probes:
             for (g, peer), got in list(self._probes.items()):
                 if g != group or got.seq > header.seq:
@@ -464,6 +459,31 @@ class TCPTransport(Transport):
                     diffs = _wire.meta_differences(got, ours)
                     if diffs:
                         self._mismatch(peer, got, ours, diffs)
+
+    def _check_stale(self, group: int, seq: int) -> None:
+        """Before `group`'s collective `seq`: a frame of an earlier one still unread will
+        never be (that collective finished here without it) - e.g. two ranks that both
+        thought they were the root and only sent, and then went on in the arena."""
+        for key, stashed in self._unexpected.items():
+            if key[0] == _wire.DATA and key[1] == group and key[2] < seq:
+                for peer, got, _payload in stashed:
+                    current = self._current.get(group)
+                    self._stale(peer, got, current if current is not None else got)
+
+    def _check_stashed(self, group: int, header: Header) -> None:
+        """Frames of `group` that came early: one of an earlier collective (nobody will
+        receive it now) or one contradicting `header` means the ranks called different things."""
+        if not self._unexpected:
+            return
+        for key, stashed in self._unexpected.items():
+            if key[0] != _wire.DATA or key[1] != group or key[2] > header.seq:
+                continue
+            for peer, got, _payload in stashed:
+                if got.seq < header.seq:
+                    self._stale(peer, got, header)
+                diffs = _wire.meta_differences(got, header)
+                if diffs:
+                    self._mismatch(peer, got, header, diffs)
 
     def _post(self, m: InMessage) -> None:
         key = m.expect.key
