@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -91,3 +92,21 @@ def assert_all_ok(results: list[RankResult]) -> None:
             for r in bad
         )
         raise AssertionError(f"{len(bad)} rank(s) failed:\n{text}")
+
+
+def steps_of(r: RankResult) -> dict[str, dict]:
+    """The `RESULT {json}` lines a worker printed, by their "step" field."""
+    steps = {}
+    for line in r.stdout.splitlines():
+        if line.startswith("RESULT "):
+            d = json.loads(line[len("RESULT ") :])
+            steps[d["step"]] = d
+    return steps
+
+
+def describe(r: RankResult) -> str:
+    """A rank's exit and the tail of its output, for assertion messages."""
+    return (
+        f"rank {r.rank} (exit {r.returncode})\n"
+        f"stdout:\n{r.stdout[-2500:]}\nstderr:\n{r.stderr[-2500:]}"
+    )

@@ -8,11 +8,10 @@ Each job runs tests/faults/_worker.py, which reports every step as a `RESULT {js
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
-from tests._launch import REPO, RankResult, run_ranks
+from tests._launch import REPO, RankResult, describe, run_ranks, steps_of
 
 WORKER = REPO / "tests" / "faults" / "_worker.py"
 COLLECTIVE_ERRORS = {
@@ -32,32 +31,16 @@ def _job(nprocs: int, *args: str, timeout: float = 10.0, job_timeout: float = 40
         env={"PYCOLLECTIVE_TIMEOUT": str(timeout)},
         timeout=job_timeout,
     )
-    return results, {r.rank: _steps(r) for r in results}
-
-
-def _steps(r: RankResult) -> dict[str, dict]:
-    steps = {}
-    for line in r.stdout.splitlines():
-        if line.startswith("RESULT "):
-            d = json.loads(line[len("RESULT ") :])
-            steps[d["step"]] = d
-    return steps
-
-
-def _where(r: RankResult) -> str:
-    return (
-        f"rank {r.rank} (exit {r.returncode})\n"
-        f"stdout:\n{r.stdout[-2500:]}\nstderr:\n{r.stderr[-2500:]}"
-    )
+    return results, {r.rank: steps_of(r) for r in results}
 
 
 def _check_clean_exit(r: RankResult, steps: dict) -> None:
     """Exit 0; destroy_process_group returned promptly and left no thread running."""
-    assert r.returncode == 0, _where(r)
+    assert r.returncode == 0, describe(r)
     d = steps.get("destroy")
-    assert d is not None, _where(r)
-    assert d["elapsed"] < 2.0, _where(r)
-    assert d["threads"] == [], _where(r)
+    assert d is not None, describe(r)
+    assert d["elapsed"] < 2.0, describe(r)
+    assert d["threads"] == [], describe(r)
 
 
 def _is_collective_error(step: dict) -> bool:
@@ -133,24 +116,24 @@ def test_mismatch_raises_on_every_rank_naming_both_sides(variant: str, nprocs: i
         _check_clean_exit(r, s)
         order = ["extra", "mismatch", "after"] if variant == "extra" else ["mismatch", "after"]
         failed = [s[k] for k in order if k in s and s[k]["error"] is not None]
-        assert failed, f"no error at all on\n{_where(r)}"
+        assert failed, f"no error at all on\n{describe(r)}"
         first = failed[0]
-        assert first["error"] == "MismatchError", _where(r)
+        assert first["error"] == "MismatchError", describe(r)
         if variant not in SEND_ONLY_POSSIBLE:
             # every rank of these receives something in the call itself
-            assert s["mismatch" if variant != "extra" or r.rank else "extra"]["error"], _where(r)
+            assert s["mismatch" if variant != "extra" or r.rank else "extra"]["error"], describe(r)
         msg = first["msg"]
         assert re.search(r"rank \d+ called .+ but rank \d+ called ", msg), msg
         assert mine in msg and theirs in msg, msg
-        assert first["elapsed"] < 5.0, _where(r)  # the timeout is 10 s: not a timeout
+        assert first["elapsed"] < 5.0, describe(r)  # the timeout is 10 s: not a timeout
         after = s["after"]
         if variant == "subgroup-count":
             # the subgroup failed; the world group, which "after" uses, is not disturbed
-            assert after["error"] is None, _where(r)
+            assert after["error"] is None, describe(r)
             continue
         # the group is unusable afterwards, and says so at once
-        assert _is_collective_error(after), _where(r)
-        assert after["elapsed"] < 1.0, _where(r)
+        assert _is_collective_error(after), describe(r)
+        assert after["elapsed"] < 1.0, describe(r)
 
 
 # ---------------------------------------------------------------------- 2. a rank dies
@@ -172,20 +155,20 @@ def test_rank_death_reaches_every_survivor_promptly(nprocs, how, algorithm, vict
     results, steps = _job(nprocs, "die", how, algorithm, str(victim), str(count), timeout=30)
     for r in results:
         if r.rank == victim:
-            assert r.returncode in (17, -9), _where(r)
+            assert r.returncode in (17, -9), describe(r)
             continue
         s = steps[r.rank]
         _check_clean_exit(r, s)
         loop = s["loop"]
-        assert loop["iterations"] > 0, _where(r)
-        assert loop["error"] in ("TransportError", "MismatchError", "CollectiveError"), _where(r)
+        assert loop["iterations"] > 0, describe(r)
+        assert loop["error"] in ("TransportError", "MismatchError", "CollectiveError"), describe(r)
         assert loop["error"] != "CollectiveTimeout"
         # learned from its own socket or from a peer's abort notice: well before the 30 s
-        assert loop["elapsed"] < 5.0, _where(r)
-        assert f"rank {victim}" in loop["msg"], _where(r)
+        assert loop["elapsed"] < 5.0, describe(r)
+        assert f"rank {victim}" in loop["msg"], describe(r)
         if loop["error"] == "TransportError":
-            assert loop["peer"] == victim, _where(r)
-        assert _is_collective_error(s["after"]) and s["after"]["elapsed"] < 1.0, _where(r)
+            assert loop["peer"] == victim, describe(r)
+        assert _is_collective_error(s["after"]) and s["after"]["elapsed"] < 1.0, describe(r)
 
 
 # ---------------------------------------------------------------------- 3. a rank never calls
@@ -204,15 +187,15 @@ def test_rank_that_never_calls_times_out_the_others_and_fails_itself(nprocs: int
         if r.rank == sleepy:
             late = s["late"]
             # the group already failed: it hears so at once instead of waiting its timeout
-            assert _is_collective_error(late), _where(r)
-            assert late["elapsed"] < 1.0, _where(r)
+            assert _is_collective_error(late), describe(r)
+            assert late["elapsed"] < 1.0, describe(r)
             continue
         t = s["timeout"]
-        assert t["error"] == "CollectiveTimeout", _where(r)
-        assert timeout - 0.1 <= t["elapsed"] < timeout + 1.0, _where(r)
-        assert "timed out waiting for rank(s)" in t["msg"], _where(r)
+        assert t["error"] == "CollectiveTimeout", describe(r)
+        assert timeout - 0.1 <= t["elapsed"] < timeout + 1.0, describe(r)
+        assert "timed out waiting for rank(s)" in t["msg"], describe(r)
         named.update(s["timeout-info"]["waiting_on"])
-        assert _is_collective_error(s["after"]), _where(r)
+        assert _is_collective_error(s["after"]), describe(r)
     assert sleepy in named, steps
 
 
@@ -226,15 +209,15 @@ def test_async_error_is_raised_by_wait_on_every_rank(kind: str) -> None:
     results, steps = _job(nprocs, "async", kind)
     for r in results:
         if kind == "die" and r.rank == nprocs - 1:
-            assert r.returncode == 17, _where(r)
+            assert r.returncode == 17, describe(r)
             continue
         s = steps[r.rank]
         _check_clean_exit(r, s)
         wait = s["wait"]
         want = "MismatchError" if kind == "mismatch" else "TransportError"
-        assert wait["error"] == want, _where(r)
-        assert wait["elapsed"] < 5.0, _where(r)
-        assert _is_collective_error(s["after-async"]), _where(r)
+        assert wait["error"] == want, describe(r)
+        assert wait["elapsed"] < 5.0, describe(r)
+        assert _is_collective_error(s["after-async"]), describe(r)
 
 
 @pytest.mark.timeout(60)
@@ -244,13 +227,13 @@ def test_destroy_with_a_collective_in_flight_returns_promptly() -> None:
     results, steps = _job(2, "pending")
     r0, r1 = results
     s = steps[0]
-    assert r0.returncode == 0 and r1.returncode == 0, _where(r0) + _where(r1)
+    assert r0.returncode == 0 and r1.returncode == 0, describe(r0) + describe(r1)
     assert s["pending"]["done"] is False
-    assert s["destroy"]["elapsed"] < 1.5, _where(r0)
-    assert s["destroy"]["threads"] == [], _where(r0)
-    assert s["wait-after-destroy"]["error"] in COLLECTIVE_ERRORS, _where(r0)
-    assert s["wait-after-destroy"]["elapsed"] < 1.0, _where(r0)
-    assert steps[1]["destroy"]["elapsed"] < 2.0, _where(r1)
+    assert s["destroy"]["elapsed"] < 1.5, describe(r0)
+    assert s["destroy"]["threads"] == [], describe(r0)
+    assert s["wait-after-destroy"]["error"] in COLLECTIVE_ERRORS, describe(r0)
+    assert s["wait-after-destroy"]["elapsed"] < 1.0, describe(r0)
+    assert steps[1]["destroy"]["elapsed"] < 2.0, describe(r1)
 
 
 @pytest.mark.timeout(60)
@@ -260,15 +243,15 @@ def test_monitored_barrier_names_the_ranks_that_did_not_arrive() -> None:
     for r in results:
         s = steps[r.rank]
         _check_clean_exit(r, s)
-        assert s["all-arrive"]["error"] is None, _where(r)
+        assert s["all-arrive"]["error"] is None, describe(r)
         if r.rank == nprocs - 1:
             # the group failed meanwhile: the late rank hears it at once, not at its timeout
-            assert _is_collective_error(s["late"]) and s["late"]["elapsed"] < 1.0, _where(r)
+            assert _is_collective_error(s["late"]) and s["late"]["elapsed"] < 1.0, describe(r)
             continue
         missing = s["missing"]
-        assert _is_collective_error(missing), _where(r)
-        assert "did not arrive" in missing["msg"] and "[2]" in missing["msg"], _where(r)
-        assert missing["elapsed"] < 3.0, _where(r)
+        assert _is_collective_error(missing), describe(r)
+        assert "did not arrive" in missing["msg"] and "[2]" in missing["msg"], describe(r)
+        assert missing["elapsed"] < 3.0, describe(r)
         if r.rank == 0:
-            assert missing["error"] == "CollectiveTimeout", _where(r)
-            assert s["missing-info"]["waiting_on"] == [2], _where(r)
+            assert missing["error"] == "CollectiveTimeout", describe(r)
+            assert s["missing-info"]["waiting_on"] == [2], describe(r)

@@ -4,25 +4,10 @@ bytes each rank sends to other hosts, and errors that surface on every rank."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from tests._launch import REPO, RankResult, assert_all_ok, run_ranks
+from tests._launch import REPO, assert_all_ok, describe, run_ranks, steps_of
 
 WORKER = REPO / "tests" / "hierarchy" / "_worker.py"
-
-
-def _results(r: RankResult) -> dict[str, dict]:
-    out = {}
-    for line in r.stdout.splitlines():
-        if line.startswith("RESULT "):
-            d = json.loads(line[len("RESULT ") :])
-            out[d["step"]] = d
-    return out
-
-
-def _where(r: RankResult) -> str:
-    return f"rank {r.rank} exit {r.returncode}\n{r.stdout[-2500:]}\n{r.stderr[-2500:]}"
 
 
 def _job(hosts: list[str], scenario: str, env: dict[str, str] | None = None, timeout=90.0):
@@ -30,7 +15,7 @@ def _job(hosts: list[str], scenario: str, env: dict[str, str] | None = None, tim
     results = run_ranks(
         WORKER, len(hosts), (scenario,), env=env, per_rank_env=per_rank, timeout=timeout
     )
-    return results, {r.rank: _results(r) for r in results}
+    return results, {r.rank: steps_of(r) for r in results}
 
 
 def _expected_layout(hosts: list[str]) -> list[list[int]]:
@@ -61,8 +46,8 @@ def test_results_match_numpy(hosts: str, transport: str) -> None:
     layout = _expected_layout(list(hosts))
     for r in results:
         c = res[r.rank].get("correctness")
-        assert r.returncode == 0 and c is not None, _where(r)
-        assert c["failures"] == [] and c["checks"] > 100, _where(r)
+        assert r.returncode == 0 and c is not None, describe(r)
+        assert c["failures"] == [] and c["checks"] > 100, describe(r)
         assert c["hosts"] == layout
         assert c["auto"] == "hierarchical", c
         assert "hierarchical" in c["algorithms"]
@@ -80,7 +65,7 @@ def test_cross_host_bytes_are_what_the_hierarchy_promises() -> None:
     ring_cross = {0: 0, 1: 0}
     for r in results:
         t = res[r.rank].get("traffic")
-        assert r.returncode == 0 and t is not None and t["ok"] and t["arena"], _where(r)
+        assert r.returncode == 0 and t is not None and t["ok"] and t["arena"], describe(r)
         n = t["nbytes"]
         auto = {int(k): v for k, v in t["sent"]["auto"].items()}
         # Hierarchy: nothing over TCP inside the host (the arena carries it); across, only
@@ -103,9 +88,9 @@ def test_mismatch_fails_every_rank(kind: str) -> None:
     results, res = _job(list("aabb"), f"mismatch:{kind}")
     for r in results:
         steps = res[r.rank]
-        assert r.returncode == 0 and "call" in steps, _where(r)
-        assert steps["call"]["error"] == "MismatchError", _where(r)
-        assert steps["after"]["error"] == "CollectiveError", _where(r)
+        assert r.returncode == 0 and "call" in steps, describe(r)
+        assert steps["call"]["error"] == "MismatchError", describe(r)
+        assert steps["after"]["error"] == "CollectiveError", describe(r)
 
 
 @pytest.mark.timeout(60)
@@ -114,8 +99,8 @@ def test_a_killed_rank_fails_every_other_rank() -> None:
     assert results[-1].returncode == -9
     for r in results[:-1]:
         loop = res[r.rank].get("loop")
-        assert loop is not None and loop["error"] is not None, _where(r)
-        assert loop["error"] in ("TransportError", "CollectiveError"), _where(r)
+        assert loop is not None and loop["error"] is not None, describe(r)
+        assert loop["error"] in ("TransportError", "CollectiveError"), describe(r)
 
 
 @pytest.mark.timeout(200)

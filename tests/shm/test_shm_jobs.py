@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from tests._launch import REPO, RankResult, assert_all_ok, run_ranks
+from tests._launch import REPO, assert_all_ok, describe, run_ranks, steps_of
 
 from pycollective.shm import arena
 
@@ -21,19 +21,6 @@ BATTERY = REPO / "tests" / "api" / "battery.py"
 WORKER = REPO / "tests" / "shm" / "_worker.py"
 
 pytestmark = pytest.mark.skipif(not arena.available(), reason="no writable /dev/shm")
-
-
-def _steps(r: RankResult) -> dict[str, dict]:
-    out = {}
-    for line in r.stdout.splitlines():
-        if line.startswith("RESULT "):
-            d = json.loads(line[len("RESULT ") :])
-            out[d["step"]] = d
-    return out
-
-
-def _where(r: RankResult) -> str:
-    return f"rank {r.rank} exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2500:]}"
 
 
 def _no_segments_of(pids: list[int]) -> None:
@@ -50,37 +37,24 @@ def _job(nprocs: int, *args: str, env=None, per_rank_env=None, timeout: float = 
     results = run_ranks(
         WORKER, nprocs, tuple(args), env=env, per_rank_env=per_rank_env, timeout=timeout
     )
-    steps = {r.rank: _steps(r) for r in results}
+    steps = {r.rank: steps_of(r) for r in results}
     _no_segments_of([s["pid"]["pid"] for s in steps.values() if "pid" in s])
     return results, steps
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5, 6, 7, 8])
-def test_battery_with_shm_forced(world_size: int) -> None:
-    assert_all_ok(
-        run_ranks(
-            BATTERY,
-            world_size,
-            args=("--quick",),
-            timeout=180,
-            env={"PYCOLLECTIVE_TRANSPORT": "shm"},
-        )
+@pytest.mark.parametrize(
+    "transport,world_size", [("shm", n) for n in range(1, 9)] + [("tcp", 2), ("tcp", 3)]
+)
+def test_battery_with_transport_forced(transport: str, world_size: int) -> None:
+    results = run_ranks(
+        BATTERY,
+        world_size,
+        args=("--quick",),
+        timeout=180,
+        env={"PYCOLLECTIVE_TRANSPORT": transport},
     )
-
-
-@pytest.mark.timeout(200)
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_battery_with_tcp_forced(world_size: int) -> None:
-    assert_all_ok(
-        run_ranks(
-            BATTERY,
-            world_size,
-            args=("--quick",),
-            timeout=180,
-            env={"PYCOLLECTIVE_TRANSPORT": "tcp"},
-        )
-    )
+    assert_all_ok(results)
 
 
 @pytest.mark.timeout(60)
@@ -89,8 +63,8 @@ def test_one_host_uses_shm_unless_told_not_to(transport: str, expect: bool) -> N
     results, steps = _job(4, "info", env={"PYCOLLECTIVE_TRANSPORT": transport})
     for r in results:
         info = steps[r.rank]["info"]
-        assert r.returncode == 0 and info["ok"], _where(r)
-        assert info["shm"] is expect, _where(r)
+        assert r.returncode == 0 and info["ok"], describe(r)
+        assert info["shm"] is expect, describe(r)
         assert ("shm" in info["algorithms"]) is expect
         if r.rank % 2 == 0:
             assert info["sub_shm"] is expect  # subgroups get an arena of their own
@@ -104,7 +78,7 @@ def test_ranks_on_different_hosts_use_tcp() -> None:
     results, steps = _job(4, "info", per_rank_env=hosts)
     for r in results:
         info = steps[r.rank]["info"]
-        assert r.returncode == 0 and info["ok"], _where(r)
+        assert r.returncode == 0 and info["ok"], describe(r)
         assert info["shm"] is False and "shm" not in info["algorithms"]
 
 
@@ -114,8 +88,8 @@ def test_shm_forced_across_hosts_fails_every_rank_clearly() -> None:
     results, steps = _job(2, "info", env={"PYCOLLECTIVE_TRANSPORT": "shm"}, per_rank_env=hosts)
     for r in results:
         init = steps[r.rank]["init"]
-        assert init["error"] in ("UsageError", "CollectiveError"), _where(r)
-        assert "not every rank is on this host" in init["msg"], _where(r)
+        assert init["error"] in ("UsageError", "CollectiveError"), describe(r)
+        assert "not every rank is on this host" in init["msg"], describe(r)
 
 
 @pytest.mark.timeout(60)
@@ -130,13 +104,13 @@ def test_killed_rank_reaches_every_survivor_within_two_seconds(nprocs, victim, c
     )
     for r in results:
         if r.rank == victim:
-            assert r.returncode == -9, _where(r)
+            assert r.returncode == -9, describe(r)
             continue
         loop = steps[r.rank]["loop"]
-        assert loop["error"] in ("TransportError", "CollectiveError"), _where(r)
-        assert loop["elapsed"] < 2.0, _where(r)
-        assert f"rank {victim}" in loop["msg"], _where(r)
-        assert r.returncode == 0, _where(r)
+        assert loop["error"] in ("TransportError", "CollectiveError"), describe(r)
+        assert loop["elapsed"] < 2.0, describe(r)
+        assert f"rank {victim}" in loop["msg"], describe(r)
+        assert r.returncode == 0, describe(r)
 
 
 @pytest.mark.timeout(60)
@@ -148,10 +122,10 @@ def test_arena_call_against_tcp_call_is_a_mismatch_on_every_rank(nprocs: int) ->
         # A rank whose gather part is only a send may finish it (as over TCP alone): it
         # hears at its next call.
         first = s["call"] if s["call"]["error"] or r.rank < 2 else s["after"]
-        assert first["error"] == "MismatchError", _where(r)
-        assert "all_reduce(" in first["msg"] and "gather(" in first["msg"], _where(r)
-        assert first["elapsed"] < 5.0, _where(r)
-        assert s["after"]["error"] is not None, _where(r)
+        assert first["error"] == "MismatchError", describe(r)
+        assert "all_reduce(" in first["msg"] and "gather(" in first["msg"], describe(r)
+        assert first["elapsed"] < 5.0, describe(r)
+        assert s["after"]["error"] is not None, describe(r)
 
 
 @pytest.mark.timeout(60)
@@ -160,9 +134,9 @@ def test_a_rank_that_never_comes_times_out_the_others_naming_it() -> None:
     results, steps = _job(3, "never", env={"PYCOLLECTIVE_TIMEOUT": str(timeout)})
     for r in results[:2]:
         call = steps[r.rank]["call"]
-        assert call["error"] == "CollectiveTimeout", _where(r)
-        assert timeout - 0.1 <= call["elapsed"] < timeout + 1.0, _where(r)
-        assert 2 in call["waiting_on"], _where(r)
+        assert call["error"] == "CollectiveTimeout", describe(r)
+        assert timeout - 0.1 <= call["elapsed"] < timeout + 1.0, describe(r)
+        assert 2 in call["waiting_on"], describe(r)
 
 
 @pytest.mark.timeout(60)
@@ -214,7 +188,7 @@ def test_collectives_on_shared_buffers_match_numpy(nprocs: int) -> None:
     results, steps = _job(nprocs, "shared", env={"PYCOLLECTIVE_SHM_CHUNK_BYTES": "65536"})
     for r in results:
         info = steps[r.rank]["shared"]
-        assert r.returncode == 0 and info["ok"], (info, _where(r))
+        assert r.returncode == 0 and info["ok"], (info, describe(r))
         # Each peer still holds 3 buffers it used (the last `a`, `big`, the last `fresh`): the
         # 7 fresh ones it freed were dropped.
         assert info["maps"] <= 3 * (nprocs - 1), info
@@ -227,4 +201,4 @@ def test_kill_9_with_shared_buffers_leaves_nothing_in_dev_shm() -> None:
     results, steps = _job(3, "shared_kill", env={"PYCOLLECTIVE_TIMEOUT": "20"})
     assert results[2].returncode == -9
     for r in results:
-        assert steps[r.rank]["used"]["ok"], _where(r)
+        assert steps[r.rank]["used"]["ok"], describe(r)
