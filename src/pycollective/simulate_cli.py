@@ -25,6 +25,7 @@ import sys
 
 from .schedule import ALGORITHMS
 from .schedule import cost as _cost
+from .schedule import parameter_server as _ps
 from .schedule import topology as _topo
 
 HIERARCHICAL = _topo.HIERARCHICAL
@@ -163,6 +164,29 @@ class Row:
     algbw: float  # GB/s
     busbw: float  # GB/s
     detail: str = ""
+    servers: int = 0  # parameter-server rows: S servers for `ranks` workers
+
+
+def predict_ps_row(args: argparse.Namespace, workers: int, servers: int, nbytes: int) -> Row:
+    """One synchronous parameter-server step (schedule/parameter_server.py): `workers`
+    push nbytes of gradients to `servers` and pull the sums back, one rank per host."""
+    itemsize = _DTYPES[args.dtype]
+    params = _cost.CostParams(
+        alpha=args.alpha, beta=args.beta, gamma=args.gamma, overhead=args.overhead
+    )
+    scheds = _ps.sample(workers, servers, nbytes // itemsize)
+    seconds = _cost.schedule_cost(scheds, itemsize, params)
+    algbw = nbytes / seconds / 1e9 if seconds > 0 else math.inf
+    busbw = algbw * busbw_factor("all_reduce", workers)
+    return Row(
+        "all_reduce", _ps.ALGORITHM, workers, workers + servers, 1, nbytes, seconds, algbw,
+        busbw, "", servers,
+    )  # fmt: skip
+
+
+def label(r: Row) -> str:
+    """The row's algorithm, with the server count for a parameter-server row."""
+    return f"{r.algorithm} x{r.servers}" if r.servers else r.algorithm
 
 
 def predict_row(args: argparse.Namespace, algorithm: str, p: int, nbytes: int) -> Row:
@@ -173,7 +197,9 @@ def predict_row(args: argparse.Namespace, algorithm: str, p: int, nbytes: int) -
         count //= p
     if collective == "barrier":
         count = 0
-    inter = _cost.CostParams(alpha=args.alpha, beta=args.beta, gamma=args.gamma)
+    inter = _cost.CostParams(
+        alpha=args.alpha, beta=args.beta, gamma=args.gamma, overhead=args.overhead
+    )
     hosts, per_host = layout_of(args, p)
     detail = ""
     if per_host is None:
@@ -225,6 +251,14 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError("hierarchical needs a layout: give --ranks-per-host or --hosts")
     for p in args.ranks:
         layout_of(args, p)
+    if args.servers:
+        if args.collective != "all_reduce":
+            raise ValueError("--servers prices a parameter-server step: --collective all_reduce")
+        if args.ranks_per_host is not None or args.hosts is not None:
+            raise ValueError(
+                "--servers prices one worker per host (and one host per server): "
+                "not with --ranks-per-host or --hosts"
+            )
 
 
 # ---------------------------------------------------------------------- CLI
@@ -275,6 +309,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="reduction speed (default 0.12ns/B, numpy add on one core)",
     )
     parser.add_argument(
+        "--overhead",
+        type=parse_time,
+        default=0.0,
+        help="cost of each message beyond the first a rank sends (or receives) in one round "
+        "(default 0; pycollective's TCP: about 100us)",
+    )
+    parser.add_argument(
+        "--servers",
+        type=_list_of(_positive_int, "server counts"),
+        default=[],
+        help="comma-separated server counts: also price a synchronous parameter-server step "
+        "(--ranks workers push to and pull from S servers, one rank per host)",
+    )
+    parser.add_argument(
         "--intra-alpha",
         type=parse_time,
         default=parse_time("2us"),
@@ -309,9 +357,11 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"pycollective simulate: error: {exc}", file=sys.stderr)
         return 2
-    rows = [
-        predict_row(args, a, p, nb) for nb in args.bytes for p in args.ranks for a in args.algorithm
-    ]
+    rows = []
+    for nb in args.bytes:
+        for p in args.ranks:
+            rows += [predict_row(args, a, p, nb) for a in args.algorithm]
+            rows += [predict_ps_row(args, p, s, nb) for s in args.servers]
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
         return 0
@@ -360,7 +410,7 @@ def table(rows: list[Row], markdown: bool = False) -> str:
             human_bytes(r.nbytes),
             str(r.ranks),
             f"{r.hosts} x {r.ranks_per_host}",
-            r.algorithm + (f" [{r.detail}]" if r.detail and not markdown else ""),
+            label(r) + (f" [{r.detail}]" if r.detail and not markdown else ""),
             human_time(r.seconds),
             f"{r.algbw:.3g}",
             f"{r.busbw:.3g}",
@@ -379,10 +429,10 @@ def table(rows: list[Row], markdown: bool = False) -> str:
 
 def wide_table(rows: list[Row], markdown: bool = False) -> str:
     """Algorithms side by side: `time (busbw)` per cell, the fastest marked with *."""
-    algos = list(dict.fromkeys(r.algorithm for r in rows))
+    algos = list(dict.fromkeys(label(r) for r in rows))
     cells: dict[tuple[int, int], dict[str, Row]] = {}
     for r in rows:
-        cells.setdefault((r.nbytes, r.ranks), {})[r.algorithm] = r
+        cells.setdefault((r.nbytes, r.ranks), {})[label(r)] = r
     head = ["size", "ranks", "hosts x per host", *algos]
     body = []
     for (nbytes, ranks), by_algo in cells.items():

@@ -162,3 +162,28 @@ def test_wide_table(capsys):
     assert lines[1] == "| size | ranks | hosts x per host | ring | hierarchical |"
     assert lines[3].startswith("| 64 MiB | 8 | 1 x 8 |")
     assert lines[4].startswith("| 64 MiB | 64 | 8 x 8 |") and lines[4].count("*") == 1
+
+
+def test_parameter_server_rows(capsys):
+    code, out, _ = run(capsys, "-a", "ring", "-n", "4,64", "--bytes", "30MB", "--alpha", "200us",
+                       "--beta", "1Gbit/s", "--overhead", "100us", "--servers", "1,8",
+                       "--json")  # fmt: skip
+    assert code == 0
+    rows = json.loads(out)
+    assert [(r["algorithm"], r["ranks"], r["servers"]) for r in rows] == [
+        ("ring", 4, 0), ("parameter_server", 4, 1), ("parameter_server", 4, 8),
+        ("ring", 64, 0), ("parameter_server", 64, 1), ("parameter_server", 64, 8),
+    ]  # fmt: skip
+    from pycollective.schedule import parameter_server as ps
+
+    params = cost.CostParams(alpha=200e-6, beta=8e-9, gamma=0.12e-9, overhead=100e-6)
+    for r in rows[1:3] + rows[4:]:
+        assert r["hosts"] == r["ranks"] + r["servers"]
+        want = cost.schedule_cost(ps.sample(r["ranks"], r["servers"], 30_000_000 // 4), 4, params)
+        assert r["seconds"] == pytest.approx(want)
+    # one server's link carries W x n each way: 4 workers take 4x as long as 8 servers
+    assert rows[1]["seconds"] == pytest.approx(4 * rows[2]["seconds"], rel=0.01)
+    code, out, _ = run(capsys, "-a", "ring", "-n", "8", "--servers", "2", "--wide")
+    assert code == 0 and "parameter_server x2" in out
+    code, _, err = run(capsys, "-n", "8", "--servers", "2", "-r", "4")
+    assert code == 2 and "one worker per host" in err
