@@ -13,7 +13,8 @@ APT_PACKAGES := openmpi-bin libopenmpi-dev mpich
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The C sources too: `make setup` rebuilds pycollective._native after they change.
+$(STAMP): pyproject.toml setup.py $(wildcard src/pycollective/_native/*.[ch])
 	@$(MAKE) --no-print-directory system-deps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -85,3 +86,4 @@ lint: setup
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
+	rm -f src/pycollective/_native.*.so

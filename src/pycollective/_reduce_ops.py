@@ -127,7 +127,58 @@ def finish_average(data: np.ndarray, dtype: DType, divisor: int) -> None:
         quotient = data // divisor
         quotient[(data < 0) & (quotient * divisor != data)] += 1
         data[...] = quotient
-    elif dtype is BFLOAT16 and dtype.numpy == np.dtype(np.uint16):
-        data[...] = _f32_to_bf16_bits(_bf16_bits_to_f32(data) / np.float32(divisor))
+    elif dtype is BFLOAT16:
+        # On the raw bits, with or without ml_dtypes: the same rounding (and NaNs) as
+        # the arena's compiled kernels.
+        bits = data.view(np.uint16)
+        bits[...] = _f32_to_bf16_bits(_bf16_bits_to_f32(bits) / np.float32(divisor))
     else:
-        np.divide(data, data.dtype.type(divisor), out=data)
+        with np.errstate(all="ignore"):  # NaN and overflow are the caller's data
+            np.divide(data, data.dtype.type(divisor), out=data)
+
+
+def _widen(dtype: DType, a: np.ndarray) -> np.ndarray | None:
+    """float32 copy of a float16 or bfloat16 array (exact), else None."""
+    if dtype is BFLOAT16:
+        return _bf16_bits_to_f32(a.view(np.uint16))
+    if dtype.numpy == np.dtype(np.float16):
+        return a.astype(np.float32)
+    return None
+
+
+def fused_reduce(
+    op: ReduceOp, dtype: DType, out: np.ndarray, srcs: list[np.ndarray], divisor: int = 0
+) -> None:
+    """out = srcs[0] op srcs[1] op ... op srcs[-1], folded in that (rank) order: the
+    arena's reduction, which the compiled kernels (pycollective._native.reduce) match bit
+    for bit. float16 and bfloat16 are widened to float32 for the whole fold and rounded
+    once (so a p-input sum rounds once, not p - 1 times); complex products use the
+    textbook formula, never a fused multiply-add; AVG (divisor > 1) divides as
+    finish_average does. `out` may be one of the inputs."""
+    ufunc = (_BOOL_UFUNC if dtype.kind == "b" else _UFUNC)[op]
+    with np.errstate(all="ignore"):
+        wide = _widen(dtype, srcs[0])
+        if wide is not None:
+            for s in srcs[1:]:
+                ufunc(wide, _widen(dtype, s), out=wide)
+            if dtype is BFLOAT16:
+                result = _f32_to_bf16_bits(wide).view(dtype.numpy)
+            else:
+                result = wide.astype(np.float16)
+        elif dtype.kind == "c" and op is ReduceOp.PRODUCT:
+            result = np.array(srcs[0], copy=True)
+            for s in srcs[1:]:
+                re = result.real * s.real - result.imag * s.imag
+                im = result.real * s.imag + result.imag * s.real
+                result.real, result.imag = re, im
+        elif len(srcs) == 1:
+            result = np.array(srcs[0], copy=True)
+            if dtype.kind == "b":
+                result = result.view(np.uint8) != 0
+        else:
+            result = ufunc(srcs[0], srcs[1])
+            for s in srcs[2:]:
+                ufunc(result, s, out=result)
+        if op is ReduceOp.AVG:
+            finish_average(result, dtype, divisor)
+        out[...] = result

@@ -1,0 +1,1207 @@
+/* pycollective._native: the compiled core of the shared-memory arena.
+ *
+ * It works on the arena shm/arena.py lays out (same control words, same meaning), so a
+ * rank running these functions and a rank running the Python arena take part in the same
+ * calls alike: a phase is "store my EPOCH counter (release), wake peers whose SLEEPING
+ * flag is set; wait until every peer's counter is as high", waits go pause-spin ->
+ * sched_yield -> futex on the low 32 bits of the peer's counter, and the collectives take
+ * the same buffers, phases and share boundaries as shm/collectives.py.
+ *
+ * A collective runs as a resumable state machine: Arena.run() starts it and returns
+ *   DONE     finished;
+ *   PENDING  a wait outlived the caller's budget (about a millisecond): the caller checks
+ *            deadline, dead peers and abort notices in Python, then calls resume();
+ *   CHECK    after the call's first wait, peer `peer`'s announcement differs from ours:
+ *            the caller judges it (MismatchError or not), then resume();
+ *   VIEWS    every rank may hold its buffer in shared memory: the caller hands over the
+ *            peers' buffers (set_views) or None, then resume().
+ * The GIL is released while waiting and around large copies and reductions.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
+
+#include "kernels.h"
+
+/* Control block words (int64), as in shm/arena.py. */
+enum {
+    WORDS = 16, EPOCH = 0, SLEEPING = 1, PID = 2, SEQ = 3, KIND = 4, ANN_WORDS = 6,
+    BUF_FD = 10, BUF_WORDS = 4
+};
+enum { ST_DONE = 0, ST_PENDING = 1, ST_CHECK = 2, ST_VIEWS = 3 };
+enum { C_ALL_REDUCE = 0, C_REDUCE, C_BROADCAST, C_ALL_GATHER, C_REDUCE_SCATTER, C_BARRIER,
+       C_COUNT };
+#define MAX_RANKS 256
+#define ALIGN_BYTES 64              /* shares start on cache-line boundaries */
+#define SLEEP_NS 10000000LL         /* longest single futex sleep */
+#define NOGIL_BYTES (64 << 10)      /* copies and reductions above this run without the GIL */
+
+static const pyc_kernel_set *kset = &pyc_kernels_generic;
+
+/* ------------------------------------------------------------------ small helpers */
+
+static inline int64_t ld(const int64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void st(int64_t *p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+static inline int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static void futex_wait(int64_t *word, uint32_t expected, int64_t timeout_ns)
+{
+#if defined(__linux__) && defined(SYS_futex)
+    struct timespec ts = {(time_t)(timeout_ns / 1000000000LL), (long)(timeout_ns % 1000000000LL)};
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, expected, &ts, NULL, 0);
+#else
+    (void)word; (void)expected;
+    struct timespec ts = {0, timeout_ns < 200000 ? (long)timeout_ns : 200000L};
+    nanosleep(&ts, NULL);
+#endif
+}
+
+static void futex_wake(int64_t *word)
+{
+#if defined(__linux__) && defined(SYS_futex)
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+#else
+    (void)word;
+#endif
+}
+
+/* ------------------------------------------------------------------ Plan */
+
+/* What a call needs besides its buffers and sequence number, built once per signature. */
+typedef struct {
+    PyObject_HEAD
+    int coll, dtype, op, root; /* root: group rank, -1 for none */
+    int64_t avg;               /* > 1: fuse AVG's division by it */
+    int64_t ann[ANN_WORDS];    /* kind, dtype, count, root, op, algo as announced */
+    size_t itemsize;
+    pyc_kernel kernel;         /* NULL for collectives that do not reduce */
+} PlanObject;
+
+static PyTypeObject PlanType;
+
+static int Plan_init(PlanObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"collective", "dtype", "op", "root", "avg", "header", NULL};
+    PyObject *header;
+    long long avg = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiiiLO", kwlist, &self->coll, &self->dtype,
+                                     &self->op, &self->root, &avg, &header))
+        return -1;
+    if (self->coll < 0 || self->coll >= C_COUNT) {
+        PyErr_Format(PyExc_ValueError, "unknown collective code %d", self->coll);
+        return -1;
+    }
+    self->itemsize = (size_t)pyc_itemsize(self->dtype);
+    if (!self->itemsize) {
+        PyErr_Format(PyExc_ValueError, "unknown dtype code %d", self->dtype);
+        return -1;
+    }
+    self->avg = avg;
+    self->kernel = NULL;
+    if (self->coll == C_ALL_REDUCE || self->coll == C_REDUCE || self->coll == C_REDUCE_SCATTER) {
+        if (self->op < 0 || self->op >= OP_COUNT || !(self->kernel = kset->table[self->dtype][self->op])) {
+            PyErr_Format(PyExc_ValueError, "op %d is not defined on dtype code %d", self->op,
+                         self->dtype);
+            return -1;
+        }
+    }
+    PyObject *seq = PySequence_Fast(header, "header must be a sequence of 6 ints");
+    if (!seq)
+        return -1;
+    if (PySequence_Fast_GET_SIZE(seq) != ANN_WORDS) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "header must be (kind, dtype, count, root, op, algo)");
+        return -1;
+    }
+    for (int i = 0; i < ANN_WORDS; i++) {
+        self->ann[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (self->ann[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+static PyTypeObject PlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pycollective._native.Plan",
+    .tp_doc = "Plan(collective, dtype, op, root, avg, header): one call signature, prepared.",
+    .tp_basicsize = sizeof(PlanObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Plan_init,
+};
+
+/* ------------------------------------------------------------------ Arena */
+
+typedef struct {
+    int pc;          /* where the state machine resumes; 0: at the start */
+    int direct;      /* all_reduce/reduce: reducing straight from the peers' buffers */
+    PlanObject plan; /* copied fields only (its PyObject header unused) */
+    int64_t seq;
+    char *in, *out;
+    int64_t n;       /* elements: the data, or one rank's block (all_gather, reduce_scatter) */
+    /* the wait in progress */
+    int64_t target;
+    int reached, wpeer, wstarted;
+    int64_t wt0;
+    int check_next;  /* next peer whose announcement to check after the first wait */
+    int check_peer;
+    /* loop state */
+    int64_t per, k, s, base, b;
+    int waited, writes, shared, have_views;
+    char *views[MAX_RANKS];
+} call_t;
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer mem;   /* the mapped segment: held, so it cannot be unmapped under us */
+    int64_t *ctrl;
+    char *data;
+    int size, rank, npeers, nbuf;
+    int peers[MAX_RANKS];
+    int64_t slot_bytes, small_bytes, chunk_bytes;
+    int pure_spins, oversubscribed;
+    int64_t yield_ns;
+    int next_buf;
+    int64_t wait_ns; /* time spent waiting for peers (the timeline's WAIT) */
+    PyThreadState *ts; /* non-NULL while this call runs without the GIL */
+    PyObject *keep[3]; /* the call's input, output and views, alive until it ends */
+    int64_t pw_target, pw_t0; /* a wait() from Python in progress */
+    int pw_started;
+    call_t c;
+} ArenaObject;
+
+static PyTypeObject ArenaType;
+
+static inline int64_t *word(ArenaObject *a, int q, int w) { return a->ctrl + (size_t)q * WORDS + w; }
+
+static inline char *slot(ArenaObject *a, int64_t buf, int q)
+{
+    return a->data + ((size_t)(buf % a->nbuf) * a->size + q) * (size_t)a->slot_bytes;
+}
+
+static inline char *region(ArenaObject *a, int64_t buf)
+{
+    return a->data + (size_t)(buf % a->nbuf) * a->size * (size_t)a->slot_bytes;
+}
+
+static inline int64_t take(ArenaObject *a, int64_t n)
+{
+    int64_t b = a->next_buf;
+    a->next_buf = (int)((b + n) % a->nbuf);
+    return b;
+}
+
+static inline void nogil(ArenaObject *a)
+{
+    if (!a->ts)
+        a->ts = PyEval_SaveThread();
+}
+
+static int64_t bump(ArenaObject *a)
+{
+    int64_t *e = word(a, a->rank, EPOCH);
+    int64_t v = *e + 1; /* only this rank writes its counter */
+    st(e, v);
+    /* The store must be visible before we read the peers' SLEEPING flags (a sleeper sets
+     * its flag, then reads our counter): a full fence on both sides loses no wake-up. */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    for (int i = 0; i < a->npeers; i++) {
+        if (ld(word(a, a->peers[i], SLEEPING))) {
+            futex_wake(e);
+            break;
+        }
+    }
+    return v;
+}
+
+/* Wait until every peer's counter reaches c->target; ST_PENDING if `end` comes first. */
+static int wait_all(ArenaObject *a, call_t *c, int64_t end)
+{
+    const int64_t target = c->target;
+    for (; c->wpeer < a->npeers; c->wpeer++, c->wstarted = 0) {
+        int64_t *w = word(a, a->peers[c->wpeer], EPOCH);
+        if (ld(w) >= target)
+            continue;
+        if (!c->wstarted) {
+            int i = 0;
+            while (i < a->pure_spins && ld(w) < target) {
+                cpu_relax();
+                i++;
+            }
+            if (i < a->pure_spins)
+                continue;
+            c->wstarted = 1;
+            c->wt0 = now_ns();
+        }
+        nogil(a);
+        int64_t seg = now_ns();
+        int64_t *sleeping = word(a, a->rank, SLEEPING);
+        for (;;) {
+            if (ld(w) >= target)
+                break;
+            int64_t t = now_ns();
+            if (t >= end) {
+                a->wait_ns += t - seg;
+                return ST_PENDING;
+            }
+            if (t < c->wt0 + a->yield_ns) {
+                sched_yield();
+                continue;
+            }
+            st(sleeping, 1);
+            __atomic_thread_fence(__ATOMIC_SEQ_CST);
+            int64_t v = ld(w);
+            if (v < target) {
+                int64_t left = end - t;
+                futex_wait(w, (uint32_t)v, left < SLEEP_NS ? left : SLEEP_NS);
+            }
+            st(sleeping, 0);
+        }
+        a->wait_ns += now_ns() - seg;
+    }
+    return 0;
+}
+
+/* Whether peer q's announcement is consistent with our call (shm/local.py _check_peer's
+ * rules; anything else goes back to Python, which decides and words the error). */
+static int ann_ok(ArenaObject *a, call_t *c, int q)
+{
+    int64_t *b = word(a, q, 0);
+    int64_t s1, s2, f[ANN_WORDS];
+    do {
+        s1 = ld(&b[SEQ]);
+        for (int i = 0; i < ANN_WORDS; i++)
+            f[i] = ld(&b[KIND + i]);
+        s2 = ld(&b[SEQ]);
+    } while (s1 != s2);
+    int arrived = ld(&b[EPOCH]) >= c->target; /* read after the announcement */
+    if (s1 == 0)
+        return 1;
+    int64_t theirs = s1 - 1;
+    if (theirs == c->seq && memcmp(f, c->plan.ann, sizeof f) == 0)
+        return 1;
+    if (arrived && theirs != c->seq)
+        return 1; /* it checked ours and moved on */
+    if (!arrived && theirs < c->seq)
+        return 1; /* not there yet */
+    return 0;
+}
+
+static int phase_wait(ArenaObject *a, call_t *c, int64_t end)
+{
+    if (!c->reached) {
+        int rc = wait_all(a, c, end);
+        if (rc)
+            return rc;
+        c->reached = 1;
+    }
+    while (c->check_next < a->size) {
+        int q = c->check_next++;
+        if (q != a->rank && !ann_ok(a, c, q)) {
+            c->check_peer = q;
+            return ST_CHECK;
+        }
+    }
+    return 0;
+}
+
+/* Resumable waits and yields inside a state machine's switch (c->pc). */
+#define WAIT_FOR(T)                                                                        \
+    do {                                                                                   \
+        c->target = (T);                                                                   \
+        c->reached = 0;                                                                    \
+        c->wpeer = 0;                                                                      \
+        c->wstarted = 0;                                                                   \
+        c->pc = __LINE__;                                                                  \
+    case __LINE__:;                                                                        \
+        int rc_ = phase_wait(a, c, end);                                                   \
+        if (rc_)                                                                           \
+            return rc_;                                                                    \
+    } while (0)
+
+#define YIELD(STATUS)                                                                      \
+    do {                                                                                   \
+        c->pc = __LINE__;                                                                  \
+        return (STATUS);                                                                   \
+    case __LINE__:;                                                                        \
+    } while (0)
+
+static inline int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
+
+/* Boundary q (0..p) of p contiguous shares of m elements, on cache-line boundaries. */
+static inline int64_t cut(int64_t m, int p, int q, size_t itemsize)
+{
+    if (q >= p)
+        return m;
+    int64_t align = ALIGN_BYTES / (int64_t)itemsize;
+    if (align < 1)
+        align = 1;
+    return min64(m, (m * q / p) / align * align);
+}
+
+static inline void copy(ArenaObject *a, void *dst, const void *src, size_t bytes)
+{
+    if (bytes >= NOGIL_BYTES)
+        nogil(a);
+    if (dst != src)
+        memmove(dst, src, bytes);
+}
+
+static inline void reduce_into(ArenaObject *a, call_t *c, void *out, const void *const *srcs,
+                               int64_t n)
+{
+    if ((size_t)n * c->plan.itemsize >= NOGIL_BYTES)
+        nogil(a);
+    c->plan.kernel(out, srcs, a->size, (size_t)n, c->plan.avg);
+}
+
+/* ---- all_reduce and reduce: the software pipeline of shm/collectives.py _reduce ---- */
+
+static void rd_copy_in(ArenaObject *a, call_t *c, int64_t s, int64_t buf)
+{
+    const size_t isz = c->plan.itemsize;
+    char *chunk = c->out + (size_t)(s * c->per) * isz;
+    int64_t m = min64(c->per, c->n - s * c->per);
+    int64_t lo = cut(m, a->size, a->rank, isz), hi = cut(m, a->size, a->rank + 1, isz);
+    char *mine = slot(a, buf, a->rank);
+    copy(a, mine, chunk, (size_t)lo * isz); /* the others' shares; mine is reduced from `chunk` */
+    copy(a, mine + hi * isz, chunk + hi * isz, (size_t)(m - hi) * isz);
+}
+
+static void rd_reduce_share(ArenaObject *a, call_t *c, int64_t s, int64_t buf)
+{
+    const size_t isz = c->plan.itemsize;
+    const int p = a->size, r = a->rank;
+    char *chunk = c->out + (size_t)(s * c->per) * isz;
+    int64_t m = min64(c->per, c->n - s * c->per);
+    int64_t lo = cut(m, p, r, isz), hi = cut(m, p, r + 1, isz);
+    if (hi <= lo)
+        return;
+    const void *srcs[MAX_RANKS];
+    for (int q = 0; q < p; q++)
+        srcs[q] = q == r ? chunk + lo * isz : slot(a, buf, q) + lo * isz;
+    char *mine = slot(a, buf, r) + lo * isz;
+    reduce_into(a, c, mine, srcs, hi - lo);
+    if (c->writes)
+        copy(a, chunk + lo * isz, mine, (size_t)(hi - lo) * isz);
+}
+
+static void rd_copy_out(ArenaObject *a, call_t *c, int64_t s, int64_t buf)
+{
+    const size_t isz = c->plan.itemsize;
+    char *chunk = c->out + (size_t)(s * c->per) * isz;
+    int64_t m = min64(c->per, c->n - s * c->per);
+    for (int q = 0; q < a->size; q++) {
+        if (q == a->rank)
+            continue;
+        int64_t lo = cut(m, a->size, q, isz), hi = cut(m, a->size, q + 1, isz);
+        if (hi > lo)
+            copy(a, chunk + lo * isz, slot(a, buf, q) + lo * isz, (size_t)(hi - lo) * isz);
+    }
+}
+
+/* Straight from every rank's shared buffer (shm/collectives.py _direct). */
+static int run_direct(ArenaObject *a, call_t *c, int64_t end)
+{
+    const size_t isz = c->plan.itemsize;
+    const int p = a->size, r = a->rank;
+    switch (c->pc) {
+    case 0:
+        nogil(a);
+        for (c->s = 0; c->s <= c->k; c->s++) {
+            if (c->s < c->k) {
+                int64_t lo0 = c->s * c->per, m = min64(c->per, c->n - lo0);
+                int64_t lo = lo0 + cut(m, p, r, isz), hi = lo0 + cut(m, p, r + 1, isz);
+                if (hi > lo) {
+                    const void *srcs[MAX_RANKS];
+                    for (int q = 0; q < p; q++)
+                        srcs[q] = c->views[q] + lo * isz;
+                    char *dst = c->views[c->plan.root < 0 ? r : c->plan.root];
+                    reduce_into(a, c, dst + lo * isz, srcs, hi - lo);
+                }
+            }
+            if (c->s >= 1) {
+                WAIT_FOR(c->target);
+                if (c->plan.root < 0) { /* the others' reduced shares of the previous chunk */
+                    int64_t lo0 = (c->s - 1) * c->per, m = min64(c->per, c->n - lo0);
+                    for (int q = 0; q < p; q++) {
+                        int64_t lo = lo0 + cut(m, p, q, isz), hi = lo0 + cut(m, p, q + 1, isz);
+                        if (q != r && hi > lo)
+                            copy(a, c->views[r] + lo * isz, c->views[q] + lo * isz,
+                                 (size_t)(hi - lo) * isz);
+                    }
+                }
+            }
+            c->target = bump(a);
+        }
+        /* nobody returns (and lets its buffer change) while a peer still reads it */
+        WAIT_FOR(c->target);
+    }
+    return ST_DONE;
+}
+
+static int run_reduce(ArenaObject *a, call_t *c, int64_t end)
+{
+    const int p = a->size, r = a->rank;
+    const size_t isz = c->plan.itemsize;
+    if (c->direct)
+        return run_direct(a, c, end);
+    switch (c->pc) {
+    case 0:
+        if (p == 1)
+            break;
+        if ((int64_t)((size_t)c->n * isz) <= min64(a->small_bytes, a->slot_bytes)) {
+            c->b = take(a, 1);
+            memcpy(slot(a, c->b, r), c->out, (size_t)c->n * isz);
+            WAIT_FOR(bump(a));
+            if (c->plan.root < 0 || c->plan.root == r) {
+                const void *srcs[MAX_RANKS];
+                for (int q = 0; q < p; q++)
+                    srcs[q] = slot(a, c->b, q);
+                reduce_into(a, c, c->out, srcs, c->n);
+            }
+            break;
+        }
+        nogil(a);
+        c->per = min64(a->slot_bytes, a->chunk_bytes) / (int64_t)isz;
+        if (c->per < 1)
+            c->per = 1;
+        c->k = (c->n + c->per - 1) / c->per;
+        c->writes = c->plan.root < 0 || c->plan.root == r;
+        c->base = take(a, 1);
+        rd_copy_in(a, c, 0, c->base);
+        c->target = bump(a);
+        c->waited = 0;
+        if (c->shared) {
+            /* every rank has announced its buffer: all see the same answer */
+            WAIT_FOR(c->target);
+            c->waited = 1;
+            YIELD(ST_VIEWS);
+            if (c->have_views) {
+                c->direct = 1;
+                c->pc = 0;
+                return run_direct(a, c, end);
+            }
+        }
+        if (c->k > 1)
+            take(a, c->k - 1); /* buffers base+1 .. base+k-1, consecutive with base */
+        for (c->s = 1; c->s < c->k + 2; c->s++) {
+            if (c->s < c->k)
+                rd_copy_in(a, c, c->s, c->base + c->s);
+            if (!c->waited)
+                WAIT_FOR(c->target);
+            c->waited = 0;
+            if (c->s <= c->k)
+                rd_reduce_share(a, c, c->s - 1, c->base + c->s - 1);
+            if (c->s >= 2 && c->writes)
+                rd_copy_out(a, c, c->s - 2, c->base + c->s - 2);
+            if (c->s <= c->k)
+                c->target = bump(a);
+        }
+    }
+    return ST_DONE;
+}
+
+/* ---- broadcast, all_gather, reduce_scatter: one phase per chunk (_pipeline) ---- */
+
+static void pl_put(ArenaObject *a, call_t *c, int64_t s, int64_t buf)
+{
+    const size_t isz = c->plan.itemsize;
+    const int p = a->size, r = a->rank;
+    int64_t lo = s * c->per, m = min64(c->per, c->n - lo);
+    switch (c->plan.coll) {
+    case C_BROADCAST:
+        if (r == c->plan.root)
+            copy(a, region(a, buf), c->out + lo * isz, (size_t)m * isz);
+        break;
+    case C_ALL_GATHER:
+        copy(a, slot(a, buf, r), c->in + lo * isz, (size_t)m * isz);
+        break;
+    case C_REDUCE_SCATTER: {
+        char *mine = slot(a, buf, r);
+        for (int q = 0; q < p; q++)
+            if (q != r)
+                copy(a, mine + (size_t)(q * m) * isz, c->in + (size_t)(q * c->n + lo) * isz,
+                     (size_t)m * isz);
+        break;
+    }
+    }
+}
+
+static void pl_get(ArenaObject *a, call_t *c, int64_t s, int64_t buf)
+{
+    const size_t isz = c->plan.itemsize;
+    const int p = a->size, r = a->rank;
+    int64_t lo = s * c->per, m = min64(c->per, c->n - lo);
+    switch (c->plan.coll) {
+    case C_BROADCAST:
+        if (r != c->plan.root)
+            copy(a, c->out + lo * isz, region(a, buf), (size_t)m * isz);
+        break;
+    case C_ALL_GATHER:
+        for (int q = 0; q < p; q++)
+            if (q != r)
+                copy(a, c->out + (size_t)(q * c->n + lo) * isz, slot(a, buf, q), (size_t)m * isz);
+        break;
+    case C_REDUCE_SCATTER: {
+        const void *srcs[MAX_RANKS];
+        for (int q = 0; q < p; q++)
+            srcs[q] = q == r ? c->in + (size_t)(r * c->n + lo) * isz
+                             : slot(a, buf, q) + (size_t)(r * m) * isz;
+        reduce_into(a, c, c->out + lo * isz, srcs, m);
+        break;
+    }
+    }
+}
+
+static int run_pipeline(ArenaObject *a, call_t *c, int64_t end)
+{
+    const int p = a->size, r = a->rank;
+    const size_t isz = c->plan.itemsize;
+    switch (c->pc) {
+    case 0:
+        switch (c->plan.coll) {
+        case C_BROADCAST:
+            c->per = p * a->slot_bytes / (int64_t)isz;
+            break;
+        case C_ALL_GATHER:
+            c->per = a->slot_bytes / (int64_t)isz;
+            copy(a, c->out + (size_t)(r * c->n) * isz, c->in, (size_t)c->n * isz);
+            break;
+        case C_REDUCE_SCATTER:
+            c->per = a->slot_bytes / (int64_t)isz / p;
+            if (c->per < 1)
+                c->per = 1;
+            if (p == 1) {
+                copy(a, c->out, c->in, (size_t)c->n * isz);
+                return ST_DONE;
+            }
+            break;
+        }
+        c->k = c->n > 0 ? (c->n + c->per - 1) / c->per : 1; /* an empty call: one phase */
+        c->base = take(a, c->k);
+        for (c->s = 0; c->s <= c->k; c->s++) {
+            if (c->s < c->k)
+                pl_put(a, c, c->s, c->base + c->s);
+            if (c->s >= 1) {
+                WAIT_FOR(c->target);
+                pl_get(a, c, c->s - 1, c->base + c->s - 1);
+            }
+            if (c->s < c->k)
+                c->target = bump(a);
+        }
+    }
+    return ST_DONE;
+}
+
+static int run_barrier(ArenaObject *a, call_t *c, int64_t end)
+{
+    switch (c->pc) {
+    case 0:
+        WAIT_FOR(bump(a));
+    }
+    return ST_DONE;
+}
+
+/* Runs the current call until it ends or needs the caller; restores the GIL. */
+static PyObject *step(ArenaObject *a, int64_t budget_ns)
+{
+    call_t *c = &a->c;
+    int64_t end = now_ns() + (budget_ns > 0 ? budget_ns : 0);
+    int rc;
+    a->ts = NULL;
+    switch (c->plan.coll) {
+    case C_ALL_REDUCE:
+    case C_REDUCE:
+        rc = run_reduce(a, c, end);
+        break;
+    case C_BARRIER:
+        rc = run_barrier(a, c, end);
+        break;
+    default:
+        rc = run_pipeline(a, c, end);
+    }
+    if (a->ts) {
+        PyEval_RestoreThread(a->ts);
+        a->ts = NULL;
+    }
+    if (rc == ST_DONE) {
+        c->pc = -1; /* nothing to resume */
+        for (int i = 0; i < 3; i++)
+            Py_CLEAR(a->keep[i]);
+    }
+    return PyLong_FromLong(rc);
+}
+
+static int get_buffer(PyObject *obj, Py_buffer *view, int writable, const char *what)
+{
+    if (PyObject_GetBuffer(obj, view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s must be a C-contiguous%s buffer", what,
+                     writable ? " writable" : "");
+        return -1;
+    }
+    return 0;
+}
+
+/* Arena.run(plan, inp, out, seq, budget_ns, shared=None) -> status */
+static PyObject *Arena_run(ArenaObject *a, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 5 || nargs > 6) {
+        PyErr_SetString(PyExc_TypeError, "run(plan, inp, out, seq, budget_ns, shared=None)");
+        return NULL;
+    }
+    if (!PyObject_TypeCheck(args[0], &PlanType)) {
+        PyErr_SetString(PyExc_TypeError, "run: plan must be a Plan");
+        return NULL;
+    }
+    PlanObject *plan = (PlanObject *)args[0];
+    int64_t seq = PyLong_AsLongLong(args[3]);
+    int64_t budget = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    int64_t shared[BUF_WORDS] = {0, 0, 0, 0};
+    if (nargs == 6 && args[5] != Py_None) {
+        PyObject *t = args[5];
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != BUF_WORDS) {
+            PyErr_SetString(PyExc_TypeError, "run: shared must be a 4-tuple or None");
+            return NULL;
+        }
+        for (int i = 0; i < BUF_WORDS; i++)
+            shared[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(t, i));
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    const int r = a->rank, coll = plan->coll;
+    const size_t isz = plan->itemsize;
+    call_t *c = &a->c;
+    char *in = NULL, *out = NULL;
+    int64_t n = 0;
+    Py_buffer vin, vout;
+    if (coll != C_BARRIER) {
+        /* Which buffers this rank writes: reduce's non-roots and broadcast's root only read. */
+        int writes = !((coll == C_REDUCE && plan->root != r) ||
+                       (coll == C_BROADCAST && plan->root == r));
+        if (get_buffer(args[2], &vout, writes, coll >= C_ALL_GATHER ? "output" : "data") < 0)
+            return NULL;
+        out = vout.buf;
+        Py_ssize_t outlen = vout.len;
+        PyBuffer_Release(&vout);
+        if (coll == C_ALL_GATHER || coll == C_REDUCE_SCATTER) {
+            if (get_buffer(args[1], &vin, 0, "input") < 0)
+                return NULL;
+            in = vin.buf;
+            Py_ssize_t inlen = vin.len;
+            PyBuffer_Release(&vin);
+            Py_ssize_t block = coll == C_ALL_GATHER ? inlen : outlen;
+            Py_ssize_t whole = coll == C_ALL_GATHER ? outlen : inlen;
+            if (whole != block * a->size) {
+                PyErr_Format(PyExc_ValueError, "%s holds %zd bytes, expected %d x %zd",
+                             coll == C_ALL_GATHER ? "output" : "input", whole, a->size, block);
+                return NULL;
+            }
+            n = (int64_t)(block / (Py_ssize_t)isz);
+        } else {
+            n = (int64_t)(outlen / (Py_ssize_t)isz);
+        }
+    }
+    /* Announce the call (a seqlock: SEQ is 0 while the words change). */
+    int64_t *blk = word(a, r, 0);
+    st(&blk[SEQ], 0);
+    for (int i = 0; i < BUF_WORDS; i++)
+        st(&blk[BUF_FD + i], shared[i]);
+    for (int i = 0; i < ANN_WORDS; i++)
+        st(&blk[KIND + i], plan->ann[i]);
+    st(&blk[SEQ], seq + 1);
+
+    for (int i = 0; i < 3; i++)
+        Py_CLEAR(a->keep[i]);
+    if (in) {
+        Py_INCREF(args[1]);
+        a->keep[0] = args[1];
+    }
+    if (out) {
+        Py_INCREF(args[2]);
+        a->keep[1] = args[2];
+    }
+    c->pc = 0;
+    c->direct = 0;
+    memcpy(&c->plan, plan, sizeof *plan);
+    c->seq = seq;
+    c->in = in;
+    c->out = out;
+    c->n = n;
+    c->check_next = 0;
+    c->shared = shared[0] != 0 && (coll == C_ALL_REDUCE || coll == C_REDUCE);
+    c->have_views = 0;
+    return step(a, budget);
+}
+
+static PyObject *Arena_resume(ArenaObject *a, PyObject *arg)
+{
+    int64_t budget = PyLong_AsLongLong(arg);
+    if (budget == -1 && PyErr_Occurred())
+        return NULL;
+    if (a->c.pc < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "resume: no call in progress");
+        return NULL;
+    }
+    return step(a, budget);
+}
+
+/* set_views(None | sequence of every rank's buffer of this call, in rank order) */
+static PyObject *Arena_set_views(ArenaObject *a, PyObject *arg)
+{
+    call_t *c = &a->c;
+    if (arg == Py_None) {
+        c->have_views = 0;
+        Py_RETURN_NONE;
+    }
+    PyObject *seq = PySequence_Fast(arg, "views must be a sequence of buffers");
+    if (!seq)
+        return NULL;
+    if (PySequence_Fast_GET_SIZE(seq) != a->size) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "views: expected %d buffers", a->size);
+        return NULL;
+    }
+    for (int q = 0; q < a->size; q++) {
+        Py_buffer v;
+        if (get_buffer(PySequence_Fast_GET_ITEM(seq, q), &v, 1, "views[q]") < 0) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if ((size_t)v.len < (size_t)c->n * c->plan.itemsize) {
+            PyBuffer_Release(&v);
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "views: a buffer is shorter than the call's data");
+            return NULL;
+        }
+        c->views[q] = v.buf;
+        PyBuffer_Release(&v);
+    }
+    Py_XSETREF(a->keep[2], seq);
+    c->have_views = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Arena_bump(ArenaObject *a, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromLongLong(bump(a));
+}
+
+/* wait(target, budget_ns) -> True once every peer reached target, False if the budget
+ * ran out first (a phase driven from Python; no call checks). */
+static PyObject *Arena_wait(ArenaObject *a, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "wait(target, budget_ns)");
+        return NULL;
+    }
+    int64_t target = PyLong_AsLongLong(args[0]);
+    int64_t budget = PyLong_AsLongLong(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    call_t w;
+    memset(&w, 0, sizeof w);
+    w.target = target;
+    if (a->pw_target == target && a->pw_started) {
+        w.wstarted = 1; /* a wait resumed: keep its spin/yield/sleep schedule */
+        w.wt0 = a->pw_t0;
+    }
+    a->ts = NULL;
+    int rc = wait_all(a, &w, now_ns() + budget);
+    if (a->ts) {
+        PyEval_RestoreThread(a->ts);
+        a->ts = NULL;
+    }
+    a->pw_target = target;
+    a->pw_started = rc ? w.wstarted : 0;
+    a->pw_t0 = w.wt0;
+    return PyBool_FromLong(rc == 0);
+}
+
+static PyObject *Arena_set_spin(ArenaObject *a, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "set_spin(pure_spins, yield_ns, oversubscribed)");
+        return NULL;
+    }
+    long spins = PyLong_AsLong(args[0]);
+    int64_t yield_ns = PyLong_AsLongLong(args[1]);
+    int over = PyObject_IsTrue(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    a->pure_spins = (int)(spins < 0 ? 0 : spins);
+    a->yield_ns = yield_ns < 0 ? 0 : yield_ns;
+    a->oversubscribed = over;
+    Py_RETURN_NONE;
+}
+
+static int Arena_init(ArenaObject *a, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"memory", "ctrl_offset", "data_offset", "size", "rank",
+                             "slot_bytes", "nbuf", "small_bytes", "chunk_bytes", NULL};
+    PyObject *mem;
+    Py_ssize_t ctrl_off, data_off;
+    long long slot_bytes, small_bytes, chunk_bytes;
+    int size, rank, nbuf;
+    if (a->mem.obj) {
+        PyErr_SetString(PyExc_RuntimeError, "Arena is already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OnniiLiLL", kwlist, &mem, &ctrl_off, &data_off,
+                                     &size, &rank, &slot_bytes, &nbuf, &small_bytes, &chunk_bytes))
+        return -1;
+    if (size < 1 || size > MAX_RANKS || rank < 0 || rank >= size || nbuf < 1 || slot_bytes < 1) {
+        PyErr_SetString(PyExc_ValueError, "Arena: bad size, rank, nbuf or slot_bytes");
+        return -1;
+    }
+    if (PyObject_GetBuffer(mem, &a->mem, PyBUF_WRITABLE) < 0)
+        return -1;
+    Py_ssize_t need = data_off + (Py_ssize_t)nbuf * size * slot_bytes;
+    if (ctrl_off < 0 || ctrl_off % 8 || data_off < ctrl_off + (Py_ssize_t)size * WORDS * 8 ||
+        a->mem.len < need) {
+        PyBuffer_Release(&a->mem);
+        a->mem.obj = NULL;
+        PyErr_Format(PyExc_ValueError, "Arena: memory of %zd bytes, layout needs %zd", a->mem.len,
+                     need);
+        return -1;
+    }
+    a->ctrl = (int64_t *)((char *)a->mem.buf + ctrl_off);
+    a->data = (char *)a->mem.buf + data_off;
+    a->size = size;
+    a->rank = rank;
+    a->nbuf = nbuf;
+    a->slot_bytes = slot_bytes;
+    a->small_bytes = small_bytes;
+    a->chunk_bytes = chunk_bytes;
+    a->npeers = 0;
+    for (int q = 0; q < size; q++)
+        if (q != rank)
+            a->peers[a->npeers++] = q;
+    a->pure_spins = 256;
+    a->yield_ns = 1000000;
+    a->next_buf = 0;
+    a->c.pc = -1;
+    return 0;
+}
+
+static void Arena_dealloc(ArenaObject *a)
+{
+    for (int i = 0; i < 3; i++)
+        Py_CLEAR(a->keep[i]);
+    if (a->mem.obj)
+        PyBuffer_Release(&a->mem);
+    Py_TYPE(a)->tp_free((PyObject *)a);
+}
+
+static PyObject *Arena_release(ArenaObject *a, PyObject *Py_UNUSED(ignored))
+{
+    for (int i = 0; i < 3; i++)
+        Py_CLEAR(a->keep[i]);
+    if (a->mem.obj) {
+        PyBuffer_Release(&a->mem);
+        a->mem.obj = NULL;
+    }
+    a->ctrl = NULL;
+    a->size = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Arena_get_epoch(ArenaObject *a, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(ld(word(a, a->rank, EPOCH)));
+}
+
+static PyObject *Arena_get_next_buf(ArenaObject *a, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLong(a->next_buf);
+}
+
+static int Arena_set_next_buf(ArenaObject *a, PyObject *v, void *Py_UNUSED(closure))
+{
+    long b = v ? PyLong_AsLong(v) : -1;
+    if (b == -1 && PyErr_Occurred())
+        return -1;
+    if (b < 0 || b >= a->nbuf) {
+        PyErr_SetString(PyExc_ValueError, "next_buf out of range");
+        return -1;
+    }
+    a->next_buf = (int)b;
+    return 0;
+}
+
+static PyObject *Arena_get_target(ArenaObject *a, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(a->c.target);
+}
+
+static PyObject *Arena_get_peer(ArenaObject *a, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLong(a->c.check_peer);
+}
+
+static PyObject *Arena_get_wait_ns(ArenaObject *a, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(a->wait_ns);
+}
+
+static int Arena_set_wait_ns(ArenaObject *a, PyObject *v, void *Py_UNUSED(closure))
+{
+    long long x = v ? PyLong_AsLongLong(v) : 0;
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    a->wait_ns = x;
+    return 0;
+}
+
+static PyObject *Arena_lagging(ArenaObject *a, PyObject *arg)
+{
+    int64_t target = PyLong_AsLongLong(arg);
+    if (target == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *out = PyList_New(0);
+    for (int i = 0; out && i < a->npeers; i++) {
+        if (ld(word(a, a->peers[i], EPOCH)) < target) {
+            PyObject *q = PyLong_FromLong(a->peers[i]);
+            if (!q || PyList_Append(out, q) < 0) {
+                Py_XDECREF(q);
+                Py_CLEAR(out);
+                break;
+            }
+            Py_DECREF(q);
+        }
+    }
+    return out;
+}
+
+static PyMethodDef Arena_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))Arena_run, METH_FASTCALL,
+     "run(plan, inp, out, seq, budget_ns, shared=None) -> status: announce the call and run it"},
+    {"resume", (PyCFunction)Arena_resume, METH_O, "resume(budget_ns) -> status"},
+    {"set_views", (PyCFunction)Arena_set_views, METH_O,
+     "set_views(buffers or None): every rank's buffer of this call, after VIEWS"},
+    {"bump", (PyCFunction)Arena_bump, METH_NOARGS, "enter the next phase; returns its number"},
+    {"wait", (PyCFunction)(void (*)(void))Arena_wait, METH_FASTCALL,
+     "wait(target, budget_ns) -> True when every peer reached target"},
+    {"lagging", (PyCFunction)Arena_lagging, METH_O, "peers whose counter is below target"},
+    {"set_spin", (PyCFunction)(void (*)(void))Arena_set_spin, METH_FASTCALL,
+     "set_spin(pure_spins, yield_ns, oversubscribed)"},
+    {"release", (PyCFunction)Arena_release, METH_NOARGS, "let go of the segment's memory"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Arena_getset[] = {
+    {"epoch", (getter)Arena_get_epoch, NULL, "this rank's phase counter", NULL},
+    {"next_buf", (getter)Arena_get_next_buf, (setter)Arena_set_next_buf,
+     "the buffer the next chunk takes", NULL},
+    {"target", (getter)Arena_get_target, NULL, "the phase the call waits for", NULL},
+    {"peer", (getter)Arena_get_peer, NULL, "the peer to check after CHECK", NULL},
+    {"wait_ns", (getter)Arena_get_wait_ns, (setter)Arena_set_wait_ns,
+     "nanoseconds spent waiting for peers", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ArenaType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pycollective._native.Arena",
+    .tp_doc = "Arena(memory, ctrl_offset, data_offset, size, rank, slot_bytes, nbuf, "
+              "small_bytes, chunk_bytes): this rank's view of a group's arena.",
+    .tp_basicsize = sizeof(ArenaObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Arena_init,
+    .tp_dealloc = (destructor)Arena_dealloc,
+    .tp_methods = Arena_methods,
+    .tp_getset = Arena_getset,
+};
+
+/* ------------------------------------------------------------------ module functions */
+
+/* reduce(op, dtype, out, srcs, avg=0): out = srcs[0] op srcs[1] op ... (the fused kernel) */
+static PyObject *mod_reduce(PyObject *Py_UNUSED(m), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 4 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError, "reduce(op, dtype, out, srcs, avg=0)");
+        return NULL;
+    }
+    int op = (int)PyLong_AsLong(args[0]), dtype = (int)PyLong_AsLong(args[1]);
+    long long avg = nargs == 5 ? PyLong_AsLongLong(args[4]) : 0;
+    if (PyErr_Occurred())
+        return NULL;
+    size_t isz = (size_t)pyc_itemsize(dtype);
+    pyc_kernel k = (isz && op >= 0 && op < OP_COUNT) ? kset->table[dtype][op] : NULL;
+    if (!k) {
+        PyErr_Format(PyExc_ValueError, "op %d is not defined on dtype code %d", op, dtype);
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[3], "srcs must be a sequence of buffers");
+    if (!seq)
+        return NULL;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(seq);
+    if (m < 1 || m > MAX_RANKS) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "reduce: 1 to %d inputs, got %zd", MAX_RANKS, m);
+        return NULL;
+    }
+    Py_buffer vout, vs[MAX_RANKS];
+    if (get_buffer(args[2], &vout, 1, "out") < 0) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    const void *srcs[MAX_RANKS];
+    Py_ssize_t got = 0;
+    PyObject *res = NULL;
+    for (; got < m; got++) {
+        if (get_buffer(PySequence_Fast_GET_ITEM(seq, got), &vs[got], 0, "srcs[i]") < 0)
+            goto done;
+        if (vs[got].len != vout.len) {
+            got++;
+            PyErr_SetString(PyExc_ValueError, "reduce: every input must be as long as out");
+            goto done;
+        }
+        srcs[got] = vs[got].buf;
+    }
+    size_t n = (size_t)vout.len / isz;
+    if (vout.len >= NOGIL_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        k(vout.buf, srcs, (int)m, n, avg);
+        Py_END_ALLOW_THREADS
+    } else {
+        k(vout.buf, srcs, (int)m, n, avg);
+    }
+    res = Py_NewRef(Py_None);
+done:
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&vs[i]);
+    PyBuffer_Release(&vout);
+    Py_DECREF(seq);
+    return res;
+}
+
+static const pyc_kernel_set *sets[] = {
+#if defined(__x86_64__)
+    &pyc_kernels_avx512, &pyc_kernels_avx2,
+#endif
+    &pyc_kernels_generic,
+};
+
+static int set_usable(const pyc_kernel_set *s)
+{
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (s == &pyc_kernels_avx512)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+               __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("bmi2");
+    if (s == &pyc_kernels_avx2)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("bmi2");
+#endif
+    return s == &pyc_kernels_generic;
+}
+
+/* kernel_sets() -> names usable on this CPU, best first */
+static PyObject *mod_kernel_sets(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(a))
+{
+    PyObject *out = PyList_New(0);
+    for (size_t i = 0; out && i < sizeof sets / sizeof *sets; i++) {
+        if (!set_usable(sets[i]))
+            continue;
+        PyObject *name = PyUnicode_FromString(sets[i]->name);
+        if (!name || PyList_Append(out, name) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(name);
+    }
+    return out;
+}
+
+/* use_kernels(name) -> the previous name (tests run every set; Plans keep theirs) */
+static PyObject *mod_use_kernels(PyObject *Py_UNUSED(m), PyObject *arg)
+{
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name)
+        return NULL;
+    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++) {
+        if (strcmp(sets[i]->name, name) == 0 && set_usable(sets[i])) {
+            const char *old = kset->name;
+            kset = sets[i];
+            return PyUnicode_FromString(old);
+        }
+    }
+    PyErr_Format(PyExc_ValueError, "no usable kernel set %s", name);
+    return NULL;
+}
+
+static PyMethodDef module_methods[] = {
+    {"reduce", (PyCFunction)(void (*)(void))mod_reduce, METH_FASTCALL,
+     "reduce(op, dtype, out, srcs, avg=0): the fused reduction of srcs, in order, into out"},
+    {"kernel_sets", mod_kernel_sets, METH_NOARGS, "kernel sets usable here, best first"},
+    {"use_kernels", mod_use_kernels, METH_O, "use_kernels(name) -> previous set's name"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "pycollective._native",
+    "The compiled core of pycollective's shared-memory arena (see shm/native.py).", -1,
+    module_methods,
+};
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++) {
+        if (set_usable(sets[i])) {
+            kset = sets[i];
+            break;
+        }
+    }
+    if (PyType_Ready(&PlanType) < 0 || PyType_Ready(&ArenaType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module_def);
+    if (!m)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Plan", (PyObject *)&PlanType) < 0 ||
+        PyModule_AddObjectRef(m, "Arena", (PyObject *)&ArenaType) < 0 ||
+        PyModule_AddIntConstant(m, "DONE", ST_DONE) < 0 ||
+        PyModule_AddIntConstant(m, "PENDING", ST_PENDING) < 0 ||
+        PyModule_AddIntConstant(m, "CHECK", ST_CHECK) < 0 ||
+        PyModule_AddIntConstant(m, "VIEWS", ST_VIEWS) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_RANKS", MAX_RANKS) < 0 ||
+        PyModule_AddStringConstant(m, "KERNELS", kset->name) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
