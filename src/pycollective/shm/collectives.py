@@ -18,6 +18,8 @@ on it at the first wait and reduce straight from each other's buffers instead (`
 no copy in, no copy of the own share out, no arena slots.
 all_reduce, reduce (small): copy in, one phase, every rank reduces the whole payload from
 every slot itself, in rank order (bitwise the same result everywhere).
+Reductions are fused over the p inputs in rank order (Reducer), as the compiled arena
+does them, so a rank on either path computes the same bits.
 all_gather, reduce_scatter, broadcast: one phase per chunk (copy in, phase, copy out).
 Every rank runs the same number of phases for the same call, whatever its role.
 """
@@ -26,14 +28,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
-from .._dtypes import BFLOAT16, DType
-from .._reduce_ops import _BOOL_UFUNC, _UFUNC, Kernel, ReduceOp, kernel
+from .._dtypes import DType
+from .._reduce_ops import ReduceOp, fused_reduce
 from .arena import Arena
 
 
@@ -73,53 +74,25 @@ PeerViews = Callable[[], "list[np.ndarray] | None"]
 
 @dataclass(frozen=True)
 class Reducer:
-    """`inplace(dst, src)`: dst = op(dst, src); `into(out, a, b)`: out = op(a, b), which
-    saves copying a rank's own share into the arena before reducing it. `ufunc` (None for
-    raw bfloat16 bits) and `floating` let a caller run several small reductions under one
-    np.errstate (entering it costs more than adding a few numbers)."""
+    """`fused(out, srcs)`: out = srcs[0] op srcs[1] op ..., in that (rank) order, with
+    float16/bfloat16 accumulated in float32 and rounded once, and AVG's division by
+    `divisor` (> 1) applied as each element is finished: _reduce_ops.fused_reduce, the
+    reduction the compiled arena (pycollective._native) computes bit for bit. Every
+    element of a call is reduced by one rank from the p inputs in rank order, so every
+    rank gets the same bits whichever path each of them runs."""
 
-    inplace: Kernel
-    into: Callable[[np.ndarray, np.ndarray, np.ndarray], None]
-    ufunc: np.ufunc | None
-    floating: bool
+    op: ReduceOp
+    dtype: DType
+    divisor: int = 0
 
-
-def _quiet(ufunc: np.ufunc) -> tuple[Kernel, Callable[[np.ndarray, np.ndarray, np.ndarray], None]]:
-    """Float kernels under np.errstate: overflow is the caller's data, as in torch."""
-
-    def inplace(dst: np.ndarray, src: np.ndarray) -> None:
-        with np.errstate(all="ignore"):
-            ufunc(dst, src, out=dst)
-
-    def into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-        with np.errstate(all="ignore"):
-            ufunc(a, b, out=out)
-
-    return inplace, into
+    def fused(self, out: np.ndarray, srcs: list[np.ndarray]) -> None:
+        fused_reduce(self.op, self.dtype, out, srcs, self.divisor)
 
 
 @lru_cache(maxsize=256)
-def reducer(op: ReduceOp, dtype: DType) -> Reducer:
-    ufunc = (_BOOL_UFUNC if dtype.kind == "b" else _UFUNC)[op]
-    if dtype is BFLOAT16 and dtype.numpy == np.dtype(np.uint16):  # raw bits: no ufunc
-        inplace = kernel(op, dtype)
-
-        def into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-            out[...] = a
-            inplace(out, b)
-
-        return Reducer(inplace, into, None, True)
-    if dtype.kind in "fc":
-        return Reducer(*_quiet(ufunc), ufunc, True)
-
-    # Integer and boolean ufuncs never warn: no errstate needed.
-    def int_inplace(dst: np.ndarray, src: np.ndarray) -> None:
-        ufunc(dst, src, out=dst)
-
-    def int_into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-        ufunc(a, b, out=out)
-
-    return Reducer(int_inplace, int_into, ufunc, False)
+def reducer(op: ReduceOp, dtype: DType, divisor: int = 0) -> Reducer:
+    """The reduction of `op` on `dtype`; with AVG and divisor > 1 the division is fused."""
+    return Reducer(op, dtype, divisor if op is ReduceOp.AVG else 0)
 
 
 # Below this many bytes, all_reduce/reduce use the one-phase path (each rank reduces the
@@ -181,16 +154,7 @@ def _reduce(
         arena.slot(typed, b, r)[:n] = data
         sync()
         if root is None or root == r:
-            slots = [arena.slot(typed, b, q)[:n] for q in range(p)]
-            if red.ufunc is None:
-                red.into(data, slots[0], slots[1])
-                for q in range(2, p):
-                    red.inplace(data, slots[q])
-            else:
-                with np.errstate(all="ignore") if red.floating else nullcontext():
-                    red.ufunc(slots[0], slots[1], out=data)
-                    for q in range(2, p):
-                        red.ufunc(data, slots[q], out=data)
+            red.fused(data, [arena.slot(typed, b, q)[:n] for q in range(p)])
         return
     per = chunk_elements(arena, data.itemsize)
     chunks = [data[lo : lo + per] for lo in range(0, n, per)]
@@ -233,9 +197,7 @@ def _reduce(
             lo, hi = cuts[r], cuts[r + 1]
             if hi > lo:
                 chunk, mine = chunks[s - 1], slots[r][lo:hi]
-                red.into(mine, chunk[lo:hi], slots[others[0]][lo:hi])
-                for q in others[1:]:
-                    red.inplace(mine, slots[q][lo:hi])
+                red.fused(mine, [chunk[lo:hi] if q == r else slots[q][lo:hi] for q in range(p)])
                 if writes:
                     chunk[lo:hi] = mine
         if s >= 2:
@@ -265,7 +227,6 @@ def _direct(
     target = 0
     k = -(-n // per)
     dst = bufs[r if root is None else root]
-    srcs = [q for q in range(p) if q != (r if root is None else root)]
     for t in range(k + 1):
         if t < k:
             lo0 = t * per
@@ -273,9 +234,7 @@ def _direct(
             cuts = _shares(m, p, itemsize)
             lo, hi = lo0 + cuts[r], lo0 + cuts[r + 1]
             if hi > lo:
-                out = dst[lo:hi]
-                for q in srcs:
-                    red.inplace(out, bufs[q][lo:hi])
+                red.fused(dst[lo:hi], [b[lo:hi] for b in bufs])
         if t >= 1:
             sync.wait(target)
             if root is None:
@@ -379,11 +338,13 @@ def reduce_scatter(
     def get(c: int, b: int) -> None:
         lo = c * per
         m = min(per, n - lo)
-        dst = out[lo : lo + m]
-        others = [arena.slot(typed, b, q)[r * m : (r + 1) * m] for q in range(p) if q != r]
-        red.into(dst, inp[r * n + lo : r * n + lo + m], others[0])
-        for src in others[1:]:
-            red.inplace(dst, src)
+        srcs = [
+            inp[r * n + lo : r * n + lo + m]
+            if q == r
+            else arena.slot(typed, b, q)[r * m : (r + 1) * m]
+            for q in range(p)
+        ]
+        red.fused(out[lo : lo + m], srcs)
 
     _pipeline(k, sync, put, get, arena.take(k))
 

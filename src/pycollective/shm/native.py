@@ -1,0 +1,149 @@
+"""The compiled arena: shm's collectives run by pycollective._native, with the error
+semantics left in Python.
+
+The extension works on the same segment, control words and buffers as arena.py and
+collectives.py (same phases, same buffers, same share boundaries, the same fused
+reductions in rank order), so its results are those of the Python arena bit for bit, and
+a rank running one path meets a rank running the other in the same call. A call runs in C
+until it is done or needs Python (see _native/module.c): about every millisecond of
+waiting (`poll`: deadline, abort notices, lost peers, exactly as the Python arena polls),
+when a peer's announcement differs from ours after the first wait (`check`: the caller
+decides whether that is a mismatch and words it), and when every rank's buffer may be
+shared memory (`views`: the peers' buffers, mapped by shared.py).
+
+`PYCOLLECTIVE_NATIVE=0`, or an extension that is missing (not built, or built for another
+Python), runs the Python arena instead; the latter warns once, saying why.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+
+from .arena import NBUF, Arena, layout
+
+try:
+    from .. import _native
+except ImportError as exc:  # not built: the Python arena runs
+    _native = None  # type: ignore[assignment]
+    _MISSING = f"{exc}"
+else:
+    _MISSING = ""
+
+# Codes of the collectives the extension runs (module.c's C_* values).
+CODE = {
+    "all_reduce": 0,
+    "reduce": 1,
+    "broadcast": 2,
+    "all_gather": 3,
+    "reduce_scatter": 4,
+    "barrier": 5,
+}
+BUDGET_NS = 1_000_000  # how long C waits before handing back to Python for a poll
+_warned = False
+
+
+def enabled() -> bool:
+    """Whether arena calls run compiled: PYCOLLECTIVE_NATIVE is not 0 and the extension
+    loads (if it does not, one warning says why)."""
+    global _warned
+    if os.environ.get("PYCOLLECTIVE_NATIVE", "1").strip() == "0":
+        return False
+    if _native is None:
+        if not _warned:
+            _warned = True
+            warnings.warn(
+                f"pycollective._native is not available ({_MISSING}); the shared-memory "
+                "arena runs in Python (slower below a few MiB). Rebuild with `pip install -e .` "
+                "(or `make setup`); PYCOLLECTIVE_NATIVE=0 silences this.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return False
+    return True
+
+
+def kernels() -> str:
+    """The kernel set the extension chose for this CPU ("avx512", "avx2", "generic")."""
+    return _native.KERNELS if _native is not None else "none"
+
+
+Poll = Callable[[int], None]
+Check = Callable[[int, int], None]
+Views = Callable[[], "list[np.ndarray] | None"]
+
+
+class NativeArena:
+    """This rank's compiled view of an Arena (which keeps owning the segment)."""
+
+    def __init__(self, arena: Arena, small_bytes: int, chunk_bytes: int) -> None:
+        assert _native is not None  # noqa: S101 - callers check enabled()
+        ctrl, data, _ = layout(arena.size, arena.slot_bytes)
+        self.arena = arena
+        self.c = _native.Arena(
+            arena.segment.mm,
+            ctrl,
+            data,
+            arena.size,
+            arena.rank,
+            arena.slot_bytes,
+            NBUF,
+            small_bytes,
+            chunk_bytes,
+        )
+        self.c.next_buf = arena.next_buf
+        self.set_spin()
+        self._plans: dict[tuple, object] = {}
+
+    def set_spin(self) -> None:
+        a = self.arena
+        self.c.set_spin(a.pure_spins, int(a.yield_seconds * 1e9), a.oversubscribed)
+
+    def plan(
+        self,
+        collective: str,
+        dtype_code: int,
+        op: int,
+        root: int,
+        divisor: int,
+        header: tuple[int, int, int, int, int, int],
+    ) -> object:
+        """The prepared call for this signature (cached): header is the announcement's
+        (kind, dtype, count, root, op, algo)."""
+        key = (collective, dtype_code, op, root, divisor, header)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= 4096:
+                self._plans.clear()
+            plan = self._plans[key] = _native.Plan(
+                CODE[collective], dtype_code, op, root, divisor, header
+            )
+        return plan
+
+    def run(
+        self,
+        plan: object,
+        inp: np.ndarray | None,
+        out: np.ndarray | None,
+        seq: int,
+        shared: tuple[int, int, int, int] | None,
+        poll: Poll,
+        check: Check,
+        views: Views,
+    ) -> None:
+        """Announce and run one call; returns when it is done on this rank. `poll(target)`
+        may raise to give up (deadline, dead peer, abort); `check(peer, target)` raises
+        MismatchError if peer's announcement is a different call."""
+        c = self.c
+        rc = c.run(plan, inp, out, seq, BUDGET_NS, shared)
+        while rc:
+            if rc == 1:  # PENDING
+                poll(c.target)
+            elif rc == 2:  # CHECK
+                check(c.peer, c.target)
+            else:  # VIEWS
+                c.set_views(views())
+            rc = c.resume(BUDGET_NS)
