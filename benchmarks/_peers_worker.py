@@ -2,7 +2,7 @@
 
 Started by compare_peers.py as N ranks, under OpenMPI's mpirun when it is there (then
 OpenMPI runs beside the others) or else under `pycollective run`, with a JSON spec in argv.
-The measuring is `pycollective bench`'s own (pycollective._bench_worker): the backends take
+The measuring is `pycollective bench`'s own (pycollective.cli.bench_worker): the backends take
 turns repetition by repetition, each repetition is a batch of calls lasting about 2 ms timed
 as the slowest rank's, and the median repetition is reported. This file adds only the
 OpenMPI backend (mpi4py on numpy arrays) and the spec's per-collective sizes.
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pycollective import _bench_worker as bw
+from pycollective.cli import bench_worker as bw
 
 
 class Mpi:

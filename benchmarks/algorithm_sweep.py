@@ -107,8 +107,8 @@ def _commit() -> str:
 
 def run_ranks(args: argparse.Namespace) -> None:
     import pycollective as dist
-    from pycollective import _tuning
     from pycollective.schedule import ALGORITHMS
+    from pycollective.tuning import params as _tuning
 
     dist.init_process_group()
     rank, p = dist.get_rank(), dist.get_world_size()
@@ -196,8 +196,8 @@ def _cores(run: dict) -> int:
 
 def samples(runs: list[dict]) -> list:
     """The saved medians as _costfit samples (one per-call constant per world size)."""
-    from pycollective import _tuning
-    from pycollective._costfit import Sample
+    from pycollective.tuning import params as _tuning
+    from pycollective.tuning.fit import Sample
 
     out = []
     segment = max(1, _tuning.CHAIN_SEGMENT_BYTES // ITEMSIZE)
@@ -214,13 +214,14 @@ def samples(runs: list[dict]) -> list:
 
 def fit(runs: list[dict], names: str):
     """(CostParams, {world size: per-call seconds}) fitted to the saved medians."""
-    from pycollective import _costfit, _tuning
+    from pycollective.tuning import fit as _costfit
+    from pycollective.tuning import params as _tuning
 
     return _costfit.fit(samples(runs), _tuning.cost_params("tcp"), names.split(","))
 
 
 def _params(spec: str | None):
-    from pycollective import _tuning
+    from pycollective.tuning import params as _tuning
 
     if not spec:
         return _tuning.cost_params("tcp")
@@ -230,8 +231,8 @@ def _params(spec: str | None):
 def auto_pick(coll: str, p: int, count: int, params, cores: int) -> str:
     """What auto chooses: the cost model at the count's next power of two, with p ranks
     sharing `cores` (as _group does on one host)."""
-    from pycollective import _tuning
     from pycollective.schedule import cost
+    from pycollective.tuning import params as _tuning
 
     priced = 1 << (count - 1).bit_length() if count > 0 else 0
     segment = max(1, _tuning.CHAIN_SEGMENT_BYTES // ITEMSIZE)

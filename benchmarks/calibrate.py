@@ -1,5 +1,5 @@
 """Measure the cost-model parameters of the TCP transport on this machine, without
-touching the host's cache: `pycollective calibrate --no-save` (see calibrate.py in the
+touching the host's cache: `pycollective calibrate --no-save` (see cli/calibrate.py in the
 package for what is measured and how).
 
     python benchmarks/calibrate.py [-n 2,4] [--json out.json] [--save]
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pycollective import calibrate
+from pycollective.cli import calibrate
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from pycollective._netutil import free_port
-from pycollective.bench import human, parse_size, sizes
+from pycollective.cli.bench import human, parse_size, sizes
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

@@ -29,7 +29,7 @@ def _rank(sizes: list[int], reps: int) -> None:
     import numpy as np
 
     import pycollective as dist
-    from pycollective._traffic import count_traffic
+    from pycollective.core.world import count_traffic
 
     dist.init_process_group()
     counter = count_traffic(dist.group.WORLD.world)
@@ -69,7 +69,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    from pycollective.simulate_cli import parse_bytes
+    from pycollective.cli.simulate import parse_bytes
 
     sizes = [parse_bytes(s) for s in args.sizes.split(",")]
     if args.rank_worker:

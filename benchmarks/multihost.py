@@ -267,7 +267,7 @@ def _algorithms_available() -> tuple[str, ...]:
 
     names = tuple(pycollective.algorithms("all_reduce"))
     try:  # accepted by algorithm= though algorithms() does not list it
-        from pycollective import _hierarchy
+        from pycollective.runners import hierarchical as _hierarchy
 
         names += (_hierarchy.ALGORITHM,)
     except ImportError:

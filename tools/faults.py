@@ -288,7 +288,7 @@ print(best)
 def overhead() -> dict:
     import timeit
 
-    from pycollective._flight import FlightRecorder
+    from pycollective.observe.flight import FlightRecorder
 
     rec = FlightRecorder(0, 1)
 

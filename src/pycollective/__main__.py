@@ -18,22 +18,22 @@ from collections.abc import Sequence
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("pycollective.launch", "start N ranks of a program with the torchrun environment"),
-    "bench": ("pycollective.bench", "time collectives x sizes x algorithms x transports"),
+    "run": ("pycollective.cli.run", "start N ranks of a program with the torchrun environment"),
+    "bench": ("pycollective.cli.bench", "time collectives x sizes x algorithms x transports"),
     "calibrate": (
-        "pycollective.calibrate",
+        "pycollective.cli.calibrate",
         "measure this host's cost-model parameters for `auto` and cache them",
     ),
     "diagnose": (
-        "pycollective.diagnose",
+        "pycollective.cli.diagnose",
         "merge flight-recorder dumps and say which rank is behind, and where",
     ),
     "timeline": (
-        "pycollective.timeline",
+        "pycollective.cli.timeline",
         "merge PYCOLLECTIVE_TIMELINE's per-rank files into one Chrome trace, or sum one up",
     ),
     "simulate": (
-        "pycollective.simulate_cli",
+        "pycollective.cli.simulate",
         "predict collective times at any scale from the cost model (no network)",
     ),
 }

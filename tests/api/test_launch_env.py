@@ -11,8 +11,9 @@ import socket
 import pytest
 
 import pycollective as dist
-from pycollective import StoreError, UsageError, _state
+from pycollective import StoreError, UsageError
 from pycollective import _launch_env as le
+from pycollective.core import rendezvous
 
 LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "SLURM_", "TORCHELASTIC_", "MPI_LOCAL")
 LAUNCHER_NAMES = (
@@ -368,7 +369,7 @@ def test_torch_store_adapter_prefixes_keys_and_raises_store_error():
     client = tdist.TCPStore(
         "127.0.0.1", server.port, 1, False, timeout=datetime.timedelta(seconds=5)
     )
-    adapter = _state._TorchStoreAdapter(client, "pycollective/torchelastic/x/attempt0", "agent")
+    adapter = rendezvous.TorchStoreAdapter(client, "pycollective/torchelastic/x/attempt0", "agent")
     adapter.set("pycollective/1/tcp/0", b"127.0.0.1:1234")
     assert server.get("pycollective/torchelastic/x/attempt0/pycollective/1/tcp/0") == (
         b"127.0.0.1:1234"

@@ -9,8 +9,8 @@ import sys
 import pytest
 from tests._launch import REPO
 
-from pycollective import bench
-from pycollective._bench_worker import BUS_FACTOR, per_rank_count
+from pycollective.cli import bench
+from pycollective.cli.bench_worker import BUS_FACTOR, per_rank_count
 
 
 def test_sizes_and_factors() -> None:

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from pycollective.__main__ import main
-from pycollective.launch import describe_exit, launch
+from pycollective.cli.run import describe_exit, launch
 
 pytestmark = pytest.mark.timeout(30)
 

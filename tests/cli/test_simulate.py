@@ -8,9 +8,9 @@ import json
 import pytest
 
 from pycollective.__main__ import main
+from pycollective.cli.simulate import parse_bytes, parse_per_byte, parse_time
 from pycollective.schedule import cost
 from pycollective.schedule import topology as T
-from pycollective.simulate_cli import parse_bytes, parse_per_byte, parse_time
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from tests._launch import REPO, run_ranks
 
-from pycollective import _flight, _timeline
-from pycollective.timeline import summarize
+from pycollective.observe import flight as _flight
+from pycollective.observe import timeline as _timeline
+from pycollective.observe.timeline import summarize
 
 WORKER = Path(__file__).with_name("_timeline_worker.py")
 LATE = 0.5  # seconds rank 1 arrives late at the all_reduce of 8 elements
@@ -158,7 +159,8 @@ def test_recorded_entry_reaches_the_trace(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(_timeline, "_current", None)
     monkeypatch.setenv(_timeline.ENV, str(tmp_path / "one.json"))
     monkeypatch.setattr(_timeline.WAIT, "on", False)
-    recorder = _flight.FlightRecorder(0, 1, capacity=0)  # flight ring off, timeline on
+    # flight ring off, timeline on (a World makes its recorder this way)
+    recorder = _flight.FlightRecorder(0, 1, capacity=0, timeline=_timeline.from_env(0, 1))
     tl = recorder.timeline
     assert tl is not None and _timeline.WAIT.on
     e = recorder.record(7, "g", 3, "broadcast", 10, None, "tree", root=0)

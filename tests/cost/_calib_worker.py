@@ -8,7 +8,7 @@ import json
 import numpy as np
 
 import pycollective as dist
-from pycollective import _tuning
+from pycollective.tuning import params as _tuning
 
 dist.init_process_group()
 params = _tuning.group_params("tcp", dist.get_world_size())

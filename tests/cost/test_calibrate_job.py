@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tests._launch import REPO, assert_all_ok, run_ranks
 
-from pycollective import _costcache
+from pycollective.tuning import cache as _costcache
 
 WORKER = Path(__file__).with_name("_calib_worker.py")
 
@@ -57,7 +57,7 @@ def test_calibration_at_init_is_the_same_on_every_rank(tmp_path) -> None:
 
 def test_calibration_needs_two_ranks(monkeypatch) -> None:
     import pycollective as dist
-    from pycollective.calibrate import calibrate
+    from pycollective.api.calibrate import calibrate
 
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)

@@ -8,8 +8,9 @@ import warnings
 
 import pytest
 
-from pycollective import _costcache, _tuning
 from pycollective.schedule.cost import CostParams
+from pycollective.tuning import cache as _costcache
+from pycollective.tuning import params as _tuning
 
 MEASURED = CostParams(
     alpha=123e-6, beta=0.7e-9, gamma=0.2e-9, overhead=50e-6,

@@ -7,10 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from pycollective import _costcache, _costfit, _tuning, bench
-from pycollective.calibrate import default_sizes, fit_samples
+from pycollective.cli import bench
+from pycollective.cli.calibrate import default_sizes
 from pycollective.schedule import ALGORITHMS
 from pycollective.schedule.cost import CostParams
+from pycollective.tuning import cache as _costcache
+from pycollective.tuning import fit as _costfit
+from pycollective.tuning import params as _tuning
+from pycollective.tuning.calibrate import fit_samples
 
 TRUE = CostParams(
     alpha=150e-6, beta=0.8e-9, gamma=0.15e-9, overhead=80e-6,

@@ -11,8 +11,9 @@ import sys
 import pytest
 from tests._launch import REPO, run_ranks
 
-from pycollective import _flight, diagnose
 from pycollective._errors import CollectiveTimeout, TransportError
+from pycollective.observe import diagnose
+from pycollective.observe import flight as _flight
 
 WORKER = REPO / "tests" / "faults" / "_flight_worker.py"
 FAULTS = REPO / "tests" / "faults" / "_worker.py"

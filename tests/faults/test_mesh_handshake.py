@@ -17,7 +17,8 @@ from pycollective import _auth
 from pycollective.store import HashStore
 from pycollective.transport import _wire
 from pycollective.transport._base import InMessage, OutMessage
-from pycollective.transport.tcp import _HELLO, _PURPOSE, connect_mesh
+from pycollective.transport.tcp import connect_mesh
+from pycollective.transport.tcp.mesh import _HELLO, _PURPOSE
 
 SECRET = b"mesh-secret"
 PREFIX = "test"

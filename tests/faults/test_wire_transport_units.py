@@ -94,9 +94,8 @@ def test_meta_differences_ignores_tags_and_sizes():
 
 
 def test_describe_names_the_collective_its_op_and_algorithm():
-    import pycollective._group as group_mod  # registers algorithm names
 
-    ring = group_mod.ALGO_CODE["ring"]
+    ring = _wire.ALGO_CODE["ring"]
     text = _data(op=3, algo=ring).describe()
     assert text.startswith("all_reduce(#1") and "op=MAX" in text and "algorithm=ring" in text
     bc = _data(kind=_wire.KIND_CODE["broadcast"], root=2).describe()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pycollective import _hierarchy as H
-from pycollective._executor import make_plan
+from pycollective.runners import hierarchical as H
+from pycollective.runners.executor import make_plan
 from pycollective.schedule import build
 
 

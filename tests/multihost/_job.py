@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
 import battery  # noqa: E402
 
 import pycollective as dist  # noqa: E402
-from pycollective import _traffic  # noqa: E402
 from pycollective._dtypes import BY_NAME  # noqa: E402
+from pycollective.core import world as _traffic  # noqa: E402
 from pycollective.shm import _hostid  # noqa: E402
 
 N = 1 << 20  # float32 elements: 4 MiB

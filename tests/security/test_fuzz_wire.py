@@ -33,9 +33,11 @@ from pycollective import _auth
 from pycollective._errors import AuthenticationError, CollectiveError
 from pycollective.store import TCPStore, TCPStoreServer
 from pycollective.store import _wire as store_wire
-from pycollective.transport import _wire, tcp
+from pycollective.transport import _wire
 from pycollective.transport._base import InMessage, OutMessage
-from pycollective.transport.tcp import _HELLO, _PURPOSE, TCPTransport, _accept_peer
+from pycollective.transport.tcp import TCPTransport
+from pycollective.transport.tcp import transport as tcp
+from pycollective.transport.tcp.mesh import _HELLO, _PURPOSE, _accept_peer
 
 EXAMPLES = int(os.environ.get("PYCOLLECTIVE_FUZZ_EXAMPLES", "100"))
 SECRET = b"fuzz-secret-" + os.urandom(8).hex().encode()

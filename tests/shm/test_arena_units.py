@@ -228,7 +228,7 @@ def test_peer_announcements_judged_with_its_counter() -> None:
     checked us and moved on), a mismatch if it did not; an earlier call is fine while it
     has not arrived; the same call with other metadata is always a mismatch."""
     from pycollective._errors import MismatchError
-    from pycollective.shm.local import LocalGroup
+    from pycollective.runners.arena import LocalGroup
     from pycollective.transport._wire import DATA, Header
 
     seg = arena.Segment.create(arena.layout(2, 4096)[2])

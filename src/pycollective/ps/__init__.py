@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _state
+from ..api import groups as _state
 from ._client import Client
 from ._optim import SGD, Adam, make_optimizer
 from ._roles import Roles, roles

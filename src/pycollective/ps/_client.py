@@ -8,11 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import _p2p, _state, _traffic
 from .._buffers import as_buffer
 from .._dtypes import BY_NAME
 from .._errors import UsageError
-from .._group import ProcessGroup
+from ..api import groups as _state
+from ..api import p2p as _p2p
+from ..core.group import ProcessGroup
+from ..core.world import count_traffic
+from ..transport import counting as _traffic
 from ._protocol import MODES, PULL_TAG, PUSH_TAG, STEP, STOP
 from ._roles import Roles
 from ._setup import send_setup
@@ -58,7 +61,7 @@ class Client:
         send_setup(roles, group, spec, self._flat)
         self._scatter_params()
         world = _state.resolve_group(group).world
-        self._traffic = _traffic.count_traffic(world)
+        self._traffic = count_traffic(world)
         self.steps = 0
         self.comm_seconds = 0.0
         self._closed = False

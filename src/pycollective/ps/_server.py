@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _p2p
 from .._errors import UsageError
-from .._group import ProcessGroup
+from ..api import p2p as _p2p
+from ..core.group import ProcessGroup
 from ._optim import make_optimizer
 from ._protocol import PULL_TAG, PUSH_TAG, STOP
 from ._roles import Roles

@@ -6,9 +6,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import _api, _objects
 from .._errors import UsageError
-from .._group import ProcessGroup
+from ..api import collectives as _api
+from ..api import objects as _objects
+from ..core.group import ProcessGroup
 from ._roles import Roles
 from ._sharding import shard_bounds
 

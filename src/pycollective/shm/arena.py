@@ -38,8 +38,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .. import _tuning
-from .._timeline import WAIT as _WAIT
+from ..observe.timeline import WAIT as _WAIT
 from . import _futex
 
 SHM_DIR = "/dev/shm"
@@ -88,13 +87,7 @@ def affinity() -> set[int]:
         return set(range(os.cpu_count() or 1))
 
 
-def _cores() -> int:
-    """Cores a group on this host may use, guessed from this process alone (see
-    _tuning.cores); `set_cores` corrects it once peers are known."""
-    return _tuning.cores()
-
-
-def slot_bytes_for(size: int) -> int:
+def slot_bytes_for(size: int, cores: int) -> int:
     """Slot size per rank per buffer: 1 MiB (a chunk's working set stays in L2/L3), and
     less for big groups so the arena stays ~32 MiB at most. With more ranks than cores,
     up to 4 MiB: every phase then costs context switches, so fewer, larger chunks win (a
@@ -104,7 +97,7 @@ def slot_bytes_for(size: int) -> int:
     if override:
         value = int(override)
     else:
-        cap = (4 << 20) if size > _cores() else (1 << 20)
+        cap = (4 << 20) if size > cores else (1 << 20)
         value = min(cap, max(64 << 10, (32 << 20) // (NBUF * max(1, size))))
     return max(4096, value // 4096 * 4096)
 
@@ -245,7 +238,9 @@ def _fence() -> None:
 class Arena:
     """This rank's view of a group's arena: control blocks, data slots, phase counter."""
 
-    def __init__(self, segment: Segment, size: int, rank: int, slot_bytes: int) -> None:
+    def __init__(
+        self, segment: Segment, size: int, rank: int, slot_bytes: int, cores: int | None = None
+    ) -> None:
         ctrl_off, data_off, total = layout(size, slot_bytes)
         if segment.nbytes < total:
             raise ValueError(f"segment of {segment.nbytes} bytes, arena needs {total}")
@@ -263,7 +258,8 @@ class Arena:
         self.peers = tuple(q for q in range(size) if q != rank)
         self.epoch = self.ctrl[rank * WORDS + EPOCH]
         self.next_buf = 0  # the buffer the next chunk takes; every rank counts alike
-        self.set_cores(_cores())
+        # the group's cores, corrected by set_cores once the peers' affinities are known
+        self.set_cores(len(affinity()) if cores is None else cores)
 
     def set_cores(self, cores: int) -> None:
         """How many cores the group's ranks share (the union of their affinities)."""

@@ -1,4 +1,5 @@
-"""Arrays in shared memory that a group's peers read directly: `pycollective.empty`.
+"""Arrays in shared memory that a group's peers read directly (`pycollective.empty`, made in
+api/memory.py).
 
 Each array gets its own anonymous memory file (memfd_create): it has no name in /dev/shm,
 so no exit path (normal, exception, signal, kill -9) can leave anything behind, and no
@@ -22,11 +23,8 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Any
 
 import numpy as np
-
-from .._errors import UsageError
 
 _PAGE = mmap.PAGESIZE
 NOT_SHARED = (0, 0, 0, 0)
@@ -98,46 +96,6 @@ def allocate(nbytes: int) -> np.ndarray:
     _REGISTRY.add(start, length, fd, ino)
     weakref.finalize(mm, _release, start, fd)  # when the last array on it goes
     return raw[:nbytes]
-
-
-def _check_group(group: object) -> None:
-    from .._group import ProcessGroup
-
-    if group is not None and not isinstance(group, ProcessGroup):
-        raise UsageError(f"group must be a ProcessGroup or None, got {type(group).__name__}")
-
-
-def empty(shape: Any, dtype: Any = np.float32, group: object = None) -> np.ndarray:
-    """A C-contiguous numpy array in shared memory (contents unspecified; in practice
-    zeros). all_reduce and reduce on such arrays, when every rank's buffer is one, read
-    the peers' arrays directly instead of copying through the arena. Any group on this
-    host can use it (`group` is checked, for symmetry with torch's factories); with TCP it
-    is an ordinary array. torch users: `torch.from_numpy(pycollective.empty(...))`."""
-    _check_group(group)
-    try:
-        dt = np.dtype(dtype)
-    except TypeError as exc:
-        raise UsageError(f"empty: {dtype!r} is not a numpy dtype ({exc})") from None
-    try:
-        shape_t = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
-    except (TypeError, ValueError):
-        raise UsageError(
-            f"empty: shape must be an int or a sequence of ints, got {shape!r}"
-        ) from None
-    if any(s < 0 for s in shape_t):
-        raise UsageError(f"empty: negative dimensions are not allowed: {shape_t}")
-    count = int(np.prod(shape_t, dtype=np.int64))
-    raw = allocate(count * dt.itemsize)
-    return raw.view(dt).reshape(shape_t)
-
-
-def empty_like(a: Any, group: object = None) -> np.ndarray:
-    """`empty(a.shape, a.dtype)`, for a numpy array or a CPU torch tensor (the result is a
-    numpy array either way)."""
-    if hasattr(a, "numpy") and hasattr(a, "detach"):  # a torch tensor: its numpy dtype
-        a = a.detach().cpu().numpy()
-    a = np.asarray(a)
-    return empty(a.shape, a.dtype, group)
 
 
 def describe(arr: np.ndarray) -> tuple[int, int, int, int]:

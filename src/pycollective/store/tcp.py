@@ -20,15 +20,7 @@ from typing import NoReturn
 
 from .._auth import accept_handshake, connect_handshake, secret_from_env
 from .._errors import AuthenticationError, StoreError, UsageError
-from ._base import (
-    Store,
-    Timeout,
-    check_keys,
-    encode_key,
-    encode_value,
-    timeout_error,
-    to_seconds,
-)
+from ._base import Store, Timeout, check_keys, encode_key, encode_value, timeout_error, to_seconds
 from ._memory import KVTable, StoreClosed
 from ._wire import (
     MAX_FRAME_BYTES,

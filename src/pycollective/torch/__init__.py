@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch.distributed as _tdist
 
-from .._traffic import TrafficSnapshot
+from ..transport.counting import TrafficSnapshot
 from ._backend import BACKEND_NAME, PycollectiveProcessGroup, create_backend
 from ._store import TorchStore, install_env_rendezvous
 from ._work import TorchWork

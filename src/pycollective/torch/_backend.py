@@ -22,11 +22,16 @@ import torch.distributed as tdist
 
 import torch
 
-from .. import _api, _launch_env, _p2p, _state, _traffic
+from .. import _config, _launch_env
 from .._errors import UsageError
-from .._group import ProcessGroup as _OurGroup
-from .._group import World, group_id_for
-from .._work import Work as _OurWork
+from ..api import collectives as _api
+from ..api import p2p as _p2p
+from ..core import rendezvous
+from ..core.group import ProcessGroup as _OurGroup
+from ..core.group import group_id_for
+from ..core.work import Work as _OurWork
+from ..core.world import World, count_traffic
+from ..transport import counting as _traffic
 from ._work import TorchWork, completed
 
 BACKEND_NAME = "pycollective"
@@ -110,10 +115,10 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
         super().__init__(rank, size)
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
-        seconds = _state._timeout_seconds(seconds if seconds and seconds > 0 else None)
-        adapter = _state._TorchStoreAdapter(store, "", "torch's c10d store")
+        seconds = _config.timeout_seconds(seconds if seconds and seconds > 0 else None)
+        adapter = rendezvous.TorchStoreAdapter(store, "", "torch's c10d store")
         master_addr, multi_node = _where()
-        self._world: World = _state.connect_world(
+        self._world: World = rendezvous.connect_world(
             rank,
             size,
             adapter,
@@ -125,7 +130,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         self._world.owns_store = False  # torch owns its store
         ranks = tuple(range(size))
         self._pg = _OurGroup(self._world, ranks, group_id_for(ranks, 0), "torch-backend")
-        self._traffic = _traffic.count_traffic(self._world)
+        self._traffic = count_traffic(self._world)
         self._group_name = ""
         if size > 1:
             # Every rank has read every address from the store once this returns.
@@ -165,7 +170,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
 
     def shutdown(self) -> None:
         if not self._world.closed:
-            _state.close_world(self._world)
+            rendezvous.close_world(self._world)
 
     def abort(self) -> None:
         self.shutdown()

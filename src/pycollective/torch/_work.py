@@ -13,11 +13,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import torch
 import torch.distributed as tdist
 
-from .._work import Future as _OurFuture
-from .._work import Work as _OurWork
+import torch
+
+from ..core.work import Future as _OurFuture
+from ..core.work import Work as _OurWork
 
 
 def _seconds(timeout: Any) -> float | None:

@@ -42,7 +42,27 @@ KIND_CODE = {name: i + 1 for i, name in enumerate(KINDS)}
 KIND_NAME = {code: name for name, code in KIND_CODE.items()}
 _REDUCING = {KIND_CODE[k] for k in ("all_reduce", "reduce", "reduce_scatter")}
 OP_NAMES = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG")  # ReduceOp's values
-ALGO_NAME: dict[int, str] = {}  # algorithm code -> name, filled in by the layer that assigns them
+# Algorithm codes on the wire (a frame names the algorithm its sender runs, so two ranks that
+# chose differently find out). Codes never change meaning: a new algorithm takes a new code.
+ALGO_CODE: dict[str, int] = {
+    "bruck": 1,
+    "chain": 2,
+    "dissemination": 3,
+    "halving_doubling": 4,
+    "linear": 5,
+    "naive": 6,
+    "p2p": 7,
+    "pairwise": 8,
+    "recursive_doubling": 9,
+    "recursive_halving": 10,
+    "ring": 11,
+    "tree": 12,
+    "shm": 13,  # the shared-memory arena (runners/arena.py)
+    "shm-setup": 14,  # its set-up exchange
+    "hierarchical": 15,  # runners/hierarchical.py
+    "hierarchical-hosts": 16,  # its host-identity exchange
+}
+ALGO_NAME: dict[int, str] = {code: name for name, code in ALGO_CODE.items()}
 
 
 class Header(NamedTuple):

@@ -1,0 +1,261 @@
+"""Creating, inspecting and destroying groups: init_process_group, destroy_process_group,
+new_group and the get_* functions (torch.distributed's names and semantics). The default
+group they create lives in _default.py."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from .. import _config, _launch_env, schedule
+from .._auth import secret_from_env
+from .._errors import StoreError, UsageError
+from ..core import rendezvous
+from ..core.group import ProcessGroup, group_id_for
+from ..runners.arena import ALGORITHM, COLLECTIVES
+from ..tuning import params as _tuning
+from ._default import DEFAULT, resolve_group
+from .calibrate import calibrate
+from .collectives import barrier
+
+log = logging.getLogger("pycollective")
+
+
+class _ClassProperty:
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __get__(self, obj, owner):
+        return self.fn()
+
+
+class GroupMember:
+    """torch's `dist.group` / `GroupMember`: WORLD is the default group."""
+
+    WORLD = _ClassProperty(lambda: DEFAULT.group)
+    NON_GROUP_MEMBER = None
+
+
+group = GroupMember
+
+
+def _check_backend(backend: Any) -> str:
+    name = "auto" if backend is None else str(backend).lower()
+    for part in name.replace(",", " ").split():
+        part = part.split(":")[-1]
+        if part in ("nccl", "xccl", "ucc"):
+            raise UsageError(
+                f"backend {backend!r} needs GPUs; pycollective is a CPU backend (use 'auto')"
+            )
+        if part not in ("auto", "pycollective", "gloo", "mpi", "tcp", "cpu", "undefined"):
+            raise UsageError(
+                f"unknown backend {backend!r}; use 'auto' (or 'gloo' for drop-in code)"
+            )
+    return "pycollective"
+
+
+def init_process_group(
+    backend: Any = None,
+    init_method: str | None = None,
+    timeout: Any = None,
+    world_size: int = -1,
+    rank: int = -1,
+    store: Any = None,
+    group_name: str = "",
+    pg_options: Any = None,
+    device_id: Any = None,
+) -> None:
+    """Join the job: find the other ranks, authenticate and connect to each of them.
+
+    With no arguments, reads the launcher's environment (pycollective run, torchrun,
+    mpirun, srun, PMI). With none of those and no arguments, the process is a world of one.
+    """
+    with DEFAULT.lock:
+        if DEFAULT.world is not None:
+            raise UsageError(
+                "init_process_group was already called; call destroy_process_group first"
+            )
+        _check_backend(backend)
+        seconds = _config.timeout_seconds(timeout)
+        env = _launch_env.detect()
+        if rank is None or rank < 0:
+            rank = env.rank if env.rank is not None else (0 if world_size in (-1, 1, None) else -1)
+        if world_size is None or world_size < 0:
+            world_size = env.world_size if env.world_size is not None else 1
+        if not isinstance(rank, int) or not isinstance(world_size, int) or world_size < 1:
+            raise UsageError(f"bad rank/world_size: rank={rank!r}, world_size={world_size!r}")
+        if rank < 0:
+            raise UsageError(
+                f"world size {world_size} needs this process's rank: pass rank= or start it "
+                "with a launcher (pycollective run, torchrun, mpirun, srun) or set RANK"
+            )
+        if not 0 <= rank < world_size:
+            raise UsageError(f"rank {rank} is out of range for world size {world_size} (set RANK)")
+        DEFAULT.generation += 1
+        the_store = None
+        if world_size > 1:
+            the_store = (
+                store
+                if store is not None
+                else rendezvous.make_store(
+                    init_method,
+                    env,
+                    rank,
+                    world_size,
+                    secret_from_env(),
+                    seconds,
+                    env.multi_node,
+                )
+            )
+            if store is not None and not hasattr(store, "close"):
+                the_store = rendezvous.TorchStoreAdapter(store)
+        try:
+            world = rendezvous.connect_world(
+                rank,
+                world_size,
+                the_store,
+                seconds,
+                f"pycollective/{DEFAULT.generation}",
+                master_addr=env.master_addr,
+                multi_node=env.multi_node,
+            )
+        except BaseException:
+            _close_store(the_store)
+            raise
+        world.owns_store = store is None  # a store the caller passed stays theirs to close
+        ranks = tuple(range(world_size))
+        DEFAULT.world = world
+        DEFAULT.group = ProcessGroup(world, ranks, group_id_for(ranks, 0), group_name or "default")
+    if world_size > 1:
+        # After this, every rank has read every address it needs from the store.
+        try:
+            barrier()
+            if _tuning.job_wants_calibration():  # rank 0's PYCOLLECTIVE_CALIBRATE
+                calibrate()
+        except BaseException:
+            destroy_process_group()
+            raise
+
+
+def _close_store(store: Any) -> None:
+    try:
+        if store is not None and hasattr(store, "close"):
+            store.close()
+    except (OSError, StoreError):
+        pass
+
+
+def destroy_process_group(group: ProcessGroup | None = None) -> None:
+    """Leave the job (or forget one subgroup). Never hangs, even when peers are gone."""
+    with DEFAULT.lock:
+        if group is not None and group is not DEFAULT.group:
+            return  # subgroups own nothing beyond their id
+        world = DEFAULT.world
+        if world is None:
+            return
+        DEFAULT.world = DEFAULT.group = None
+    try:
+        rendezvous.close_world(world)
+    finally:
+        _close_store(world.store if world.owns_store else None)
+
+
+def is_initialized() -> bool:
+    return DEFAULT.world is not None
+
+
+def is_available() -> bool:
+    return True
+
+
+def get_rank(group: ProcessGroup | None = None) -> int:
+    """This process's rank in `group` (-1 if it is not a member)."""
+    return resolve_group(group).rank()
+
+
+def get_world_size(group: ProcessGroup | None = None) -> int:
+    return resolve_group(group).size()
+
+
+def get_backend(group: ProcessGroup | None = None) -> str:
+    return resolve_group(group).world.backend
+
+
+def get_process_group_ranks(group: ProcessGroup | None) -> list[int]:
+    return list(resolve_group(group).ranks)
+
+
+def get_group_rank(group: ProcessGroup | None, global_rank: int) -> int:
+    return resolve_group(group).group_rank(global_rank)
+
+
+def get_global_rank(group: ProcessGroup | None, group_rank: int) -> int:
+    g = resolve_group(group)
+    if not 0 <= group_rank < g.size():
+        raise UsageError(f"group rank {group_rank} is out of range for a group of {g.size()}")
+    return g.ranks[group_rank]
+
+
+def new_group(
+    ranks: Sequence[int] | None = None,
+    timeout: Any = None,
+    backend: Any = None,
+    pg_options: Any = None,
+    use_local_synchronization: bool = False,
+    group_desc: str | None = None,
+    device_id: Any = None,
+) -> ProcessGroup:
+    """A group of some of the world's ranks. As in torch, every rank calls it with the same
+    ranks in the same order; a rank outside `ranks` gets a group it is not a member of."""
+    world = resolve_group(None).world
+    _check_backend(backend)
+    if ranks is None:
+        members = tuple(range(world.size))
+    else:
+        try:
+            members = tuple(sorted(int(r) for r in ranks))
+        except (TypeError, ValueError):
+            raise UsageError(f"new_group ranks must be a list of ints, got {ranks!r}") from None
+        if len(set(members)) != len(members):
+            raise UsageError(f"new_group ranks has duplicates: {list(ranks)}")
+        bad = [r for r in members if not 0 <= r < world.size]
+        if bad:
+            raise UsageError(f"new_group ranks {bad} are outside the world of size {world.size}")
+        if not members:
+            raise UsageError("new_group needs at least one rank")
+    with world.lock:
+        nth = world.group_counts.get(members, 0)
+        world.group_counts[members] = nth + 1
+    seconds = _config.timeout_seconds(timeout) if timeout is not None else None
+    name = group_desc or f"group{list(members)}#{nth}"
+    return ProcessGroup(world, members, group_id_for(members, nth), name, seconds)
+
+
+def algorithms(collective: str, group: ProcessGroup | None = None) -> list[str]:
+    """The algorithm names `collective` accepts as `algorithm=`, "auto" first. "shm" is
+    listed when `group` (default: the default group, once initialized) runs over shared
+    memory, i.e. every member is on this host (see shm/); "hierarchical" (all_reduce) when
+    its members are on several hosts (it is accepted as `algorithm=` on any group)."""
+    try:
+        names = ["auto", *schedule.ALGORITHMS[collective]]
+    except KeyError:
+        raise UsageError(
+            f"unknown collective {collective!r}; one of {sorted(schedule.ALGORITHMS)}"
+        ) from None
+    g = group if group is not None else DEFAULT.group
+    if g is not None and g.shm is not None and collective in COLLECTIVES:
+        names.append(ALGORITHM)
+    hier = getattr(g, "hierarchy", None)
+    if collective == "all_reduce" and hier is not None and len(hier.layout.hosts) > 1:
+        names.append("hierarchical")  # the group spans hosts (see runners/hierarchical.py)
+    return names
+
+
+class Backend:
+    """Backend names, as torch.distributed.Backend spells them; all run on pycollective."""
+
+    PYCOLLECTIVE = "pycollective"
+    GLOO = "gloo"
+    MPI = "mpi"
+    AUTO = "auto"

@@ -1,0 +1,177 @@
+"""Orders the operations of one process.
+
+All groups of a process share one transport, which is driven by one thread at a time.
+Operations run in the order they were issued: a synchronous call runs inline in the
+caller's thread once everything issued before it is done; an asynchronous one runs on a
+single worker thread. Point-to-point operations are batched: isend/irecv only record what
+to do, and the whole batch runs as one concurrent exchange when one of its handles is
+waited on or another operation is issued, so the common "irecv then isend" pattern on
+two ranks cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from .._errors import UsageError
+from .work import Work
+
+Job = Callable[[], Any]
+
+
+class Engine:
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._queue: deque[tuple[Job, Work]] = deque()
+        self._running = False
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self._p2p: list[tuple[Any, Work]] = []  # deferred point-to-point operations
+        self._p2p_runner: Callable[[list[tuple[Any, Work]]], None] | None = None
+        self._owner: int | None = None  # thread id running the current job
+        self._interrupt: Callable[[str], None] | None = None
+
+    def set_interrupt(self, interrupt: Callable[[str], None]) -> None:
+        """`interrupt(reason)` makes the job in progress (and later ones) fail promptly."""
+        self._interrupt = interrupt
+
+    def set_p2p_runner(self, runner: Callable[[list[tuple[Any, Work]]], None]) -> None:
+        self._p2p_runner = runner
+
+    # ------------------------------------------------------------------ collectives
+
+    def run(self, job: Job) -> Any:
+        """Run `job` in this thread after everything issued before it."""
+        self.flush_p2p()
+        me = threading.get_ident()
+        entered = False
+        # The try starts before the state is set: a KeyboardInterrupt can land between any
+        # two calls (releasing the lock is one), and must not leave the engine marked busy
+        # for ever (destroy_process_group would then wait its full timeout).
+        try:
+            with self._cv:
+                while self._queue or self._running:
+                    self._cv.wait()
+                if self._stopped:
+                    raise UsageError("the process group was destroyed")
+                self._owner = me
+                self._running = entered = True
+            return job()
+        finally:
+            if entered:
+                with self._cv:
+                    self._running = False
+                    self._owner = None
+                    self._cv.notify_all()
+
+    def submit(self, job: Job, work: Work) -> Work:
+        """Run `job` on the worker thread after everything issued before it."""
+        self.flush_p2p()
+        self._enqueue(job, work)
+        return work
+
+    def _enqueue(self, job: Job, work: Work) -> None:
+        with self._cv:
+            if self._stopped:
+                raise UsageError("the process group was destroyed")
+            self._queue.append((job, work))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._worker, name="pycollective-engine", daemon=True
+                )
+                self._thread.start()
+            self._cv.notify_all()
+
+    def _worker(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stopped and (not self._queue or self._running):
+                    self._cv.wait()
+                if self._stopped and not self._queue:
+                    return
+                job, work = self._queue[0]
+                self._running = True
+                self._owner = threading.get_ident()
+            try:
+                job()
+            except BaseException as exc:  # noqa: BLE001 - delivered through the Work
+                work._fail(exc)
+            else:
+                work._complete()
+            finally:
+                with self._cv:
+                    self._queue.popleft()
+                    self._running = False
+                    self._owner = None
+                    self._cv.notify_all()
+
+    # ------------------------------------------------------------------ point-to-point
+
+    def has_deferred_p2p(self) -> bool:
+        return bool(self._p2p)
+
+    def defer_p2p(self, op: Any, work: Work) -> Work:
+        with self._cv:
+            self._p2p.append((op, work))
+        work._on_demand = self.flush_p2p
+        return work
+
+    def flush_p2p(self) -> None:
+        """Start the deferred point-to-point batch (on the worker thread)."""
+        if not self._p2p:  # the common case, without taking the lock
+            return
+        with self._cv:
+            batch, self._p2p = self._p2p, []
+        if not batch:
+            return
+        for _, work in batch:
+            work._on_demand = None
+        runner = self._p2p_runner
+        assert runner is not None  # noqa: S101 - set by the group that owns this engine
+        done = Work("p2p batch")
+
+        def job() -> None:
+            try:
+                runner(batch)
+            except BaseException as exc:
+                for _, work in batch:
+                    work._fail(exc)
+                raise
+            for _, work in batch:
+                work._complete()
+
+        self._enqueue(job, done)
+
+    def idle(self) -> None:
+        """Wait for everything issued so far."""
+        self.flush_p2p()
+        with self._cv:
+            while self._queue or self._running:
+                self._cv.wait()
+
+    def stop(self, timeout: float = 5.0, grace: float = 0.5) -> None:
+        """Refuse new work; give what was issued `grace` seconds to finish, then interrupt
+        the transport so everything still waiting fails at once (each Work with the
+        error), and wait (at most `timeout`) for that. Never waits on the calling thread's
+        own job (destroy called from a callback or a signal handler)."""
+        me = threading.get_ident()
+        with self._cv:
+            self._stopped = True
+            self._cv.notify_all()
+
+            def drained() -> bool:
+                return (not self._queue and not self._running) or self._owner == me
+
+            if not self._cv.wait_for(drained, grace) and self._interrupt is not None:
+                self._interrupt("the process group was destroyed while this was in progress")
+            self._cv.wait_for(drained, timeout)
+            leftover = [work for _, work in self._queue if self._owner != me]
+        thread = self._thread
+        if thread is not None and thread.ident != me:
+            thread.join(max(0.1, timeout))
+        for work in leftover:  # only if a job outlived the timeout: never leave a waiter hanging
+            if not work._future.done():
+                work._fail(UsageError("the process group was destroyed before this completed"))

@@ -1,0 +1,200 @@
+"""How a rank joins a job: the rendezvous store (hosted by rank 0, torchrun's agent, a file
+or one the caller passes), the TCP mesh to every other rank, and the cost parameters all
+ranks agree on; and how it leaves (close_world). The default group is not known here: the
+API layer (api/groups.py) and the torch backend each build their Worlds with these."""
+
+from __future__ import annotations
+
+import datetime
+import warnings
+from typing import Any
+
+from .. import _config, _launch_env, _netutil
+from .. import store as store_mod
+from .._auth import secret_from_env
+from .._errors import StoreError, UsageError
+from ..transport.tcp import connect_mesh
+from ..tuning import params as _tuning
+from .p2p import run_batch
+from .world import World
+
+
+class TorchStoreAdapter:
+    """Lets a torch.distributed Store (e.g. torchrun's agent store) serve our rendezvous.
+
+    Keys go under `prefix` when one is given; torch's errors (DistStoreError and the other
+    RuntimeErrors a torch store raises on timeouts and broken connections) become StoreError.
+    """
+
+    def __init__(self, store: Any, prefix: str = "", where: str = "a torch store") -> None:
+        self._store = store
+        self._prefix = prefix.rstrip("/") + "/" if prefix else ""
+        self._where = where
+
+    def set(self, key: str, value: bytes) -> None:
+        try:
+            self._store.set(self._prefix + key, value)
+        except RuntimeError as exc:
+            raise StoreError(f"set {key!r} in {self._where} failed: {first_line(exc)}") from exc
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        full = self._prefix + key
+        try:
+            if timeout is not None:
+                self._store.wait([full], datetime.timedelta(seconds=timeout))
+            return bytes(self._store.get(full))
+        except RuntimeError as exc:
+            raise StoreError(f"get {key!r} from {self._where} failed: {first_line(exc)}") from exc
+
+    def close(self) -> None:
+        self._store = None  # torch stores have no close(); dropping ours closes the socket
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def make_store(
+    init_method: str | None,
+    env: _launch_env.LaunchEnv,
+    rank: int,
+    world_size: int,
+    secret: bytes,
+    timeout: float,
+    multi_node: bool,
+):
+    """The rendezvous store, hosting it here when this is rank 0 and nobody else does (the
+    store returned then closes the server too when it is closed)."""
+
+    if init_method and init_method.startswith("file://"):
+        return store_mod.FileStore(init_method[len("file://") :], timeout=timeout)
+    host, port, store_host = env.master_addr, env.master_port, env.store_host
+    if init_method and init_method.startswith("tcp://"):
+        hostport = init_method[len("tcp://") :].split("?")[0].rstrip("/")
+        host, _, port_text = hostport.rpartition(":")
+        host = host.strip("[]")
+        try:
+            port = int(port_text)
+        except ValueError:
+            raise UsageError(f"init_method {init_method!r} has no port") from None
+        store_host = "rank0"
+    elif init_method and init_method != "env://":
+        raise UsageError(f"unsupported init_method {init_method!r}; use env://, tcp:// or file://")
+    if host is None or port is None:
+        raise UsageError(
+            f"world size {world_size} needs a rendezvous: set MASTER_ADDR and MASTER_PORT, pass "
+            "init_method='tcp://host:port', or start the job with `pycollective run`"
+        )
+    from_env = not init_method or init_method == "env://"
+    prefix = env.store_prefix if from_env else ""
+    if store_host == "torchelastic":
+        # torchrun's agent already listens at MASTER_ADDR:MASTER_PORT with a torch TCPStore.
+        import torch.distributed as tdist
+
+        where = f"torchrun's agent store at {host}:{port}"
+        try:
+            tstore = tdist.TCPStore(
+                host, port, world_size, False, timeout=datetime.timedelta(seconds=timeout)
+            )
+        except RuntimeError as exc:
+            raise StoreError(f"cannot reach {where}: {first_line(exc)}") from exc
+        return TorchStoreAdapter(tstore, prefix, where)
+    if store_host == "rank0" and rank == 0:
+        bind = "127.0.0.1" if _netutil.is_loopback(host) and not multi_node else ""
+        server = store_mod.TCPStoreServer(bind, port, secret=secret)
+        try:
+            server.start()
+        except StoreError as exc:
+            if not (from_env and env.port_derived):
+                raise
+            raise StoreError(
+                f"{exc} (port {port} was derived from the {env.launcher} job id; another "
+                "program holds it: export MASTER_PORT=<free port> to every rank)"
+            ) from exc
+        client = store_mod.TCPStore(host, port, secret=secret, timeout=timeout)
+        return JobStore(prefix, client, server)
+    client = store_mod.TCPStore(host, port, secret=secret, timeout=timeout)
+    return JobStore(prefix, client) if prefix else client
+
+
+class JobStore:
+    """Our keys under the job's prefix (none: "") in a store it owns; closing closes the store
+    and the server this rank hosts for the job, if it does."""
+
+    def __init__(self, prefix: str, store: Any, server: Any = None) -> None:
+        self._prefix = prefix.rstrip("/") + "/" if prefix else ""
+        self._store = store
+        self._server = server
+
+    def set(self, key: str, value: bytes) -> None:
+        self._store.set(self._prefix + key, value)
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        return self._store.get(self._prefix + key, timeout)
+
+    def close(self) -> None:
+        try:
+            self._store.close()
+        finally:
+            if self._server is not None:
+                server, self._server = self._server, None
+                server.close()
+
+
+def connect_world(
+    rank: int,
+    size: int,
+    store: Any,
+    timeout: float,
+    prefix: str,
+    *,
+    master_addr: str | None = None,
+    multi_node: bool = False,
+) -> World:
+    """Connect this rank to every other rank of a job and return the World, without
+    touching the default group: the torch backend and the parameter server build their own.
+
+    `store` has set(key, bytes) and get(key, timeout=None) (ours, or a torch store wrapped
+    in _TorchStoreAdapter); addresses go under `prefix`, which must be unique per world
+    sharing that store. Every rank calls this with the same size and prefix.
+    """
+    transport = None
+    if size > 1:
+        secret = secret_from_env()
+        bind, advertise = _netutil.listen_address(master_addr or "127.0.0.1", multi_node)
+        _warn_if_open(bind, secret)
+        transport = connect_mesh(rank, size, store, prefix, secret, bind, advertise, timeout)
+    if size > 1:  # every rank prices `auto` with rank 0's cost parameters
+        try:
+            _tuning.agree(rank, size, store, f"{prefix}/cost", timeout)
+        except BaseException:
+            transport.close()
+            raise
+    world = World(rank, size, transport, store, timeout)
+    world.engine.set_p2p_runner(lambda batch: run_batch(world, batch))
+    world.group_counts[tuple(range(size))] = 1
+    return world
+
+
+def close_world(world: World) -> None:
+    """Stop a world's engine and close its connections (not its store). Never hangs."""
+    try:
+        world.engine.flush_p2p()
+        world.engine.stop(timeout=5.0)
+    finally:
+        world.closed = True
+        if world.transport is not None:
+            world.transport.close()
+        world.pool.release()
+        if world.flight is not None and world.flight.timeline is not None:
+            world.flight.timeline.write()  # PYCOLLECTIVE_TIMELINE (also written at exit)
+
+
+def _warn_if_open(bind: str, secret: bytes) -> None:
+    if not secret and not _netutil.is_loopback(bind) and _config.first_time("unauthenticated"):
+        warnings.warn(
+            "pycollective listens beyond loopback without a shared secret: peers are not "
+            "authenticated. Set PYCOLLECTIVE_SECRET (or start with `pycollective run`).",
+            stacklevel=4,
+        )

@@ -1,0 +1,8 @@
+"""The TCP transport: `connect_mesh` builds a `TCPTransport` (one connection per pair of
+ranks). transport.py drives the connections, conn.py holds one connection's state, mesh.py
+makes them."""
+
+from .mesh import connect_mesh
+from .transport import MAX_FRAME_BYTES, TCPTransport
+
+__all__ = ["MAX_FRAME_BYTES", "TCPTransport", "connect_mesh"]

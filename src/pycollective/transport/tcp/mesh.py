@@ -1,0 +1,216 @@
+"""Building the mesh: every pair of ranks connects once, authenticated (_auth.py), with
+addresses exchanged through the rendezvous store."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import queue
+import socket
+import struct
+import threading
+import time
+
+from ... import _auth
+from ..._errors import AuthenticationError, CollectiveTimeout, TransportError
+from .transport import TCPTransport
+
+log = logging.getLogger("pycollective.transport")
+
+_HELLO = struct.Struct("<4sII")  # b"HELO", rank, world size
+_PURPOSE = b"transport"
+
+
+def _connect_with_retry(host: str, port: int, deadline: float) -> socket.socket:
+    delay = 0.01
+    while True:
+        try:
+            remaining = max(0.1, deadline - time.monotonic())
+            sock = socket.create_connection((host, port), timeout=min(remaining, 5.0))
+            return sock
+        except OSError as exc:
+            if time.monotonic() + delay > deadline:
+                raise TransportError(f"could not connect to {host}:{port}: {exc}") from None
+            if exc.errno not in (errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT, None):
+                log.debug("connect to %s:%s failed: %s; retrying", host, port, exc)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def connect_mesh(
+    rank: int,
+    size: int,
+    store,
+    prefix: str,
+    secret: bytes,
+    bind_host: str,
+    advertise_host: str,
+    timeout: float,
+) -> TCPTransport:
+    """Connect every pair of ranks: rank i dials every j < i and accepts every j > i.
+
+    Addresses are exchanged through the rendezvous store. Rank i only dials ranks that are
+    already listening, and every rank listens before it dials, so this cannot deadlock.
+    A connection that fails the handshake is logged and dropped; the mesh goes on.
+    """
+    deadline = time.monotonic() + timeout
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    conns: dict[int, socket.socket] = {}
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((bind_host, 0))
+        listener.listen(max(16, size))
+        port = listener.getsockname()[1]
+        store.set(f"{prefix}/tcp/{rank}", f"{advertise_host}:{port}".encode())
+        for peer in range(rank):
+            addr = store.get(f"{prefix}/tcp/{peer}").decode()
+            host, _, peer_port = addr.rpartition(":")
+            sock = _connect_with_retry(host, int(peer_port), deadline)
+            try:
+                _auth.connect_handshake(
+                    sock, secret, _PURPOSE, timeout=max(0.1, deadline - time.monotonic())
+                )
+                sock.settimeout(max(0.1, deadline - time.monotonic()))
+                sock.sendall(_HELLO.pack(b"HELO", rank, size))
+            except (AuthenticationError, OSError) as exc:
+                sock.close()
+                raise TransportError(
+                    f"rank {rank} could not join rank {peer} at {addr}: {exc}", peer
+                ) from None
+            _tune(sock)
+            conns[peer] = sock
+        expected = set(range(rank + 1, size))
+        if expected:
+            _accept_all(listener, rank, size, secret, expected, deadline, conns)
+    except BaseException:
+        for sock in conns.values():
+            sock.close()
+        raise
+    finally:
+        listener.close()
+    return TCPTransport(rank, size, conns)
+
+
+_MAX_HANDSHAKES = 64  # connections authenticating at once; more are refused outright
+_ACCEPT_POLL = 0.05  # seconds between looks at finished handshakes
+
+
+def _accept_all(
+    listener: socket.socket,
+    rank: int,
+    size: int,
+    secret: bytes,
+    expected: set[int],
+    deadline: float,
+    conns: dict[int, socket.socket],
+) -> None:
+    """Accept until every rank in `expected` has joined, authenticating each incoming
+    connection on its own short-lived thread, so a client that connects and then says
+    nothing (or dribbles) cannot hold up the real ranks: it times out on its own."""
+    results: queue.SimpleQueue[tuple[socket.socket, int | None]] = queue.SimpleQueue()
+    lock = threading.Lock()
+    state = {"open": True, "running": 0}
+
+    def handshake(sock: socket.socket, addr: tuple) -> None:
+        peer = _accept_peer(sock, addr, rank, size, secret, deadline)
+        with lock:
+            state["running"] -= 1
+            if state["open"]:
+                results.put((sock, peer))
+                return
+        sock.close()  # the mesh is done (or gave up): nobody will take this one
+
+    try:
+        while expected:
+            while True:  # collect finished handshakes
+                try:
+                    sock, peer = results.get_nowait()
+                except queue.Empty:
+                    break
+                if peer is None:
+                    continue  # refused and closed by _accept_peer
+                if peer not in expected:
+                    log.warning(
+                        "rank %d refused a second connection claiming to be rank %d", rank, peer
+                    )
+                    sock.close()
+                    continue
+                _tune(sock)
+                conns[peer] = sock
+                expected.discard(peer)
+            if not expected:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CollectiveTimeout(
+                    f"rank {rank} timed out waiting for rank(s) {sorted(expected)} to connect",
+                    op="init",
+                    waiting_on=sorted(expected),
+                )
+            listener.settimeout(min(remaining, _ACCEPT_POLL))
+            try:
+                sock, addr = listener.accept()
+            except (TimeoutError, BlockingIOError, InterruptedError):
+                continue
+            with lock:
+                busy = state["running"] >= _MAX_HANDSHAKES
+                if not busy:
+                    state["running"] += 1
+            if busy:
+                log.warning(
+                    "rank %d refused a connection from %s: too many handshakes in progress",
+                    rank,
+                    addr,
+                )
+                sock.close()
+                continue
+            threading.Thread(
+                target=handshake,
+                args=(sock, addr),
+                name=f"pycollective-handshake-{rank}",
+                daemon=True,
+            ).start()
+    finally:
+        with lock:
+            state["open"] = False
+        while True:  # finished but not taken: close them
+            try:
+                sock, peer = results.get_nowait()
+            except queue.Empty:
+                break
+            if conns.get(peer) is not sock:
+                sock.close()
+
+
+def _accept_peer(
+    sock: socket.socket,
+    addr: tuple,
+    rank: int,
+    size: int,
+    secret: bytes,
+    deadline: float,
+) -> int | None:
+    """Authenticate an incoming connection; return its rank, or None (and close it)."""
+    try:
+        _auth.accept_handshake(
+            sock, secret, _PURPOSE, timeout=min(5.0, max(0.1, deadline - time.monotonic()))
+        )
+        sock.settimeout(min(5.0, max(0.1, deadline - time.monotonic())))
+        data = b""
+        while len(data) < _HELLO.size:
+            chunk = sock.recv(_HELLO.size - len(data))
+            if not chunk:
+                raise AuthenticationError("closed before saying which rank it is")
+            data += chunk
+        magic, peer, peer_size = _HELLO.unpack(data)
+        if magic != b"HELO" or peer_size != size or not rank < peer < size:
+            raise AuthenticationError(f"unexpected hello (rank {peer}, world size {peer_size})")
+        return peer
+    except (AuthenticationError, OSError) as exc:
+        log.warning("rank %d refused a connection from %s: %s", rank, addr, exc)
+        sock.close()
+        return None

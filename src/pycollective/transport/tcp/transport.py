@@ -1,0 +1,956 @@
+"""TCP transport: one authenticated, full-duplex connection per pair of ranks.
+
+A single-threaded progress engine (non-blocking sockets and a poller) drives every send
+and receive of a round at once, so a ring step sends and receives at the same time and
+two ranks that both send large messages to each other cannot deadlock: while a rank waits
+on anything it keeps reading, and a message that arrives before its receive is posted is
+kept (bounded) until it is. Payloads go straight from the caller's memory to the socket
+and from the socket into the destination (`sendmsg`, `recv_into`): no copies, no
+per-element Python loops. The connections are made by mesh.py; one connection's state is
+conn.py's.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from ..._errors import (
+    CollectiveError,
+    CollectiveTimeout,
+    MismatchError,
+    TransportError,
+    UsageError,
+)
+from ...observe.timeline import WAIT as _WAIT
+from .. import _wire
+from .._base import ANY_SOURCE, InMessage, OutMessage, Transport
+from .._wire import Header
+from .conn import RBUF_BYTES as _RBUF_BYTES
+from .conn import Conn as _Conn
+from .conn import Poller as _Poller
+
+log = logging.getLogger("pycollective.transport")
+
+MAX_FRAME_BYTES = 1 << 40  # a peer's length beyond this is a protocol error, not a malloc
+# A collective whose receives have waited this long tells the peers it waits on which
+# collective it is in (a PROBE frame). Ranks that called different collectives and only
+# wait on each other (so no data ever flows to reveal the difference) then find out at
+# once instead of at the timeout. A peer that is merely slow checks it when it gets there.
+PROBE_AFTER = 0.5
+DEFAULT_MAX_UNEXPECTED = 8 << 30  # bytes held for receives not yet posted
+# A send abandoned mid-frame (the exchange failed) is finished if at most this much is
+# left and it goes within FINISH_SECONDS: the stream stays in step, so the peer then hears
+# the abort notice saying why, instead of a hang-up that looks like this rank crashed.
+FINISH_BYTES = 64 << 20
+FINISH_SECONDS = 1.0
+CLOSE_LINGER = 0.25  # seconds close() waits for peers to hang up too (see _linger)
+_HISTORY = 16  # collectives per group remembered to describe a stale frame
+_DIRECT_BYTES = 16 * 1024  # payload left beyond this skips the buffer
+_SINK_BYTES = 256 * 1024  # a sink's pieces: cache-sized, a multiple of every item size
+
+_ERROR_CODES: dict[type[CollectiveError], int] = {
+    CollectiveError: 1,
+    TransportError: 2,
+    CollectiveTimeout: 3,
+    MismatchError: 4,
+    UsageError: 5,
+}
+_ERROR_TYPES = {code: cls for cls, code in _ERROR_CODES.items()}
+
+
+def _data_header(sends: Sequence[OutMessage], recvs: Sequence[InMessage]) -> Header | None:
+    """The header of the collective an exchange belongs to (None for point-to-point)."""
+    if recvs:
+        header = recvs[0].expect
+    elif sends:
+        header = sends[0].header
+    else:
+        return None
+    return header if header.frame == _wire.DATA else None
+
+
+def _copy_error(exc: CollectiveError) -> CollectiveError:
+    """A fresh exception like `exc` (same class, message and details) to raise again."""
+    if isinstance(exc, TransportError):
+        return TransportError(str(exc), peer=exc.peer)
+    if isinstance(exc, CollectiveTimeout):
+        return CollectiveTimeout(str(exc), op=exc.op, seq=exc.seq, waiting_on=exc.waiting_on)
+    return type(exc)(str(exc))
+
+
+def _error_code(exc: BaseException) -> int:
+    for cls in type(exc).__mro__:
+        if cls in _ERROR_CODES:
+            return _ERROR_CODES[cls]
+    return 1
+
+
+class TCPTransport(Transport):
+    """Full mesh of TCP connections among `size` ranks. Build it with `connect_mesh`."""
+
+    supports_sink = True
+
+    def __init__(self, rank: int, size: int, conns: dict[int, socket.socket]) -> None:
+        self.rank = rank
+        self.size = size
+        self.max_unexpected = DEFAULT_MAX_UNEXPECTED
+        self._sel = _Poller()
+        self._conns: dict[int, _Conn] = {}
+        for peer, sock in conns.items():
+            sock.setblocking(False)
+            conn = _Conn(peer, sock)
+            self._conns[peer] = conn
+            self._sel.register(sock, conn)
+        # Receives posted by the exchange in progress, by (peer, key) and for ANY_SOURCE.
+        self._posted: dict[tuple[int, tuple], deque[InMessage]] = {}
+        self._posted_any: dict[tuple, deque[InMessage]] = {}
+        # Messages that arrived before their receive: key -> [(peer, header, payload)].
+        self._unexpected: dict[tuple, deque[tuple[int, Header, np.ndarray]]] = {}
+        self._unexpected_bytes = 0
+        self._aborted: dict[int, CollectiveError] = {}  # group id -> the error a peer reported
+        self._abort_seq: dict[int, int] = {}  # group id -> the collective that failed
+        self._closed = False
+        self._sent_abort = False  # close() lingers so that the notice is read (_linger)
+        # Error paths: the collective each group runs (or last ran), to tell a peer's early
+        # or stale frame from a mismatch; the group of the exchange in progress; PROBEs
+        # from peers; and interrupt(), which wakes the selector from any thread.
+        self._current: dict[int, Header] = {}
+        # the last few collectives of each group, to describe what a stale frame met here
+        self._previous: dict[int, deque[Header]] = {}
+        self._active: int | None = None
+        self._probes: dict[tuple[int, int], Header] = {}  # (group, peer) -> its PROBE
+        self._probed: dict[int, tuple[int, int]] = {}  # peer -> (group, seq) we last probed
+        self._interrupted: str | None = None
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(self._wake_r, None)
+
+    # ------------------------------------------------------------------ public interface
+
+    def lost_peers(self) -> dict[int, str]:
+        return {p: c.lost for p, c in self._conns.items() if c.lost is not None}
+
+    def exchange(
+        self,
+        sends: Sequence[OutMessage],
+        recvs: Sequence[InMessage],
+        deadline: float | None,
+        group: int,
+        label: str = "",
+    ) -> None:
+        if self._closed:
+            raise TransportError("the transport is closed (destroy_process_group was called)")
+        self._raise_if_interrupted()
+        current = _data_header(sends, recvs)
+        seq = None if current is None else current.seq
+        self._raise_if_aborted(group, seq)
+        for m in sends:
+            self._check_peer(m.peer)
+        try:
+            self._active = group
+            if current is not None:
+                self._begin(group, current)
+            for m in recvs:
+                # A message already here counts even if its sender has since left.
+                self._post(m)
+                if not m.done:
+                    self._check_peer(m.peer)
+            for m in sends:
+                self._enqueue(m)
+            self._drive(sends, recvs, deadline, group, label, seq)
+        except BaseException:
+            self._unpost(recvs)
+            self._drop_unsent(sends)
+            raise
+        finally:
+            self._active = None
+
+    def check_group(self, group: int, seq: int | None = None, call: Header | None = None) -> None:
+        """Raise now if a peer reported that `group` failed (in collective `seq` or before;
+        None: any): read whatever already arrived, abort notices included, without waiting.
+        One non-blocking select. A peer that hung up is not a failure by itself: it may
+        have finished its part and left (a clean exit and a crash look alike on TCP);
+        whoever still needs it finds out in the exchange and tells the others."""
+        if self._closed:
+            raise TransportError("the transport is closed (destroy_process_group was called)")
+        self._raise_if_interrupted()
+        self._pump(0.0)
+        self._raise_if_aborted(group, seq)
+        if call is not None:
+            self._begin(group, call)
+            self._check_stale(group, call.seq)
+
+    def interrupt(self, reason: str) -> None:
+        """Make the exchange in progress (in any thread), and every later one, raise
+        TransportError(reason) promptly. Used by destroy_process_group."""
+        self._interrupted = reason
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass  # already woken (buffer full) or closed
+
+    def abort(self, peers: Iterable[int], group: int, error: CollectiveError, seq: int = 0) -> None:
+        reason = str(error).encode("utf-8", "replace")[: _wire.MAX_ABORT_PAYLOAD]
+        # `root` names the rank at fault when there is exactly one (the lost peer, the rank
+        # a timeout waited on), so the relayed error keeps .peer / .waiting_on.
+        culprit = -1
+        if isinstance(error, TransportError) and error.peer is not None:
+            culprit = error.peer
+        elif isinstance(error, CollectiveTimeout) and len(error.waiting_on) == 1:
+            culprit = error.waiting_on[0]
+        header = Header(
+            _wire.ABORT, _error_code(error), 0, 0, 0, group, seq, 0, culprit, 0, len(reason)
+        )
+        frame = header.pack() + reason
+        self._sent_abort = True
+        for peer in peers:
+            conn = self._conns.get(peer)
+            if conn is None or conn.lost is not None:
+                continue
+            # Best effort, and only if no frame is half-sent on this connection (that would
+            # interleave bytes); a peer stuck behind a full socket learns by timeout instead.
+            if conn.out_sent:
+                continue
+            try:
+                n = conn.sock.send(frame)
+                if n < len(frame):  # rare: the socket is full; finish within a short bound
+                    conn.sock.settimeout(0.5)
+                    conn.sock.sendall(frame[n:])
+                    conn.sock.setblocking(False)
+            except OSError:
+                self._lose(conn, "could not deliver an abort notice")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for sock in (self._wake_r, self._wake_w):
+            try:
+                self._sel.unregister(sock)
+            except (KeyError, ValueError):
+                pass
+            sock.close()
+        # Linger only after telling peers why we fail: then the notice must reach them.
+        self._linger(CLOSE_LINGER if self._sent_abort else 0.0)
+        for conn in self._conns.values():
+            try:
+                self._sel.unregister(conn.sock)
+            except (KeyError, ValueError):
+                pass
+            try:
+                conn.sock.close()
+            except OSError:
+                pass
+        self._sel.close()
+        self._unexpected.clear()
+
+    def _linger(self, seconds: float) -> None:
+        """Close gently, within `seconds`: send FIN, then read (and drop) what peers still
+        send until they close too. Closing a socket with unread data makes the kernel send
+        a reset, and a reset destroys what the peer has not read yet, such as the abort
+        notice that says why we are leaving."""
+        live = {c.sock: c for c in self._conns.values() if c.lost is None}
+        for sock, conn in list(live.items()):
+            try:
+                sock.shutdown(socket.SHUT_WR)
+                self._sel.modify(sock, conn, write=False)  # reading only, now
+            except (OSError, KeyError, ValueError):
+                del live[sock]
+        deadline = time.monotonic() + seconds
+        while live:
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                ready = [c.sock for c, _, _ in self._sel.select(remaining) if c is not None]
+            except OSError:
+                break
+            for sock in ready:
+                try:
+                    if not sock.recv(1 << 16):  # type: ignore[union-attr]
+                        raise OSError
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    live.pop(sock, None)  # type: ignore[arg-type]
+                    try:
+                        self._sel.unregister(sock)
+                    except (KeyError, ValueError):
+                        pass
+            if remaining <= 0:
+                break  # one last pass over what had arrived, then go
+
+    # ------------------------------------------------------------------ posting
+
+    def _check_peer(self, peer: int) -> None:
+        if peer == ANY_SOURCE:
+            lost = self.lost_peers()
+            if lost and len(lost) == len(self._conns):
+                raise TransportError("every peer is gone")
+            return
+        conn = self._conns.get(peer)
+        if conn is None:
+            raise UsageError(
+                f"rank {peer} is not a peer of rank {self.rank} (world size {self.size})"
+            )
+        if conn.lost is not None:
+            raise TransportError(f"rank {peer} is unreachable: {conn.lost}", peer=peer)
+
+    def _begin(self, group: int, header: Header) -> None:
+        """Note the collective `group` is running. When it is a new one, check the frames
+        peers sent early: one that contradicts it, or that belongs to an earlier collective
+        nobody received, means the ranks called different things (else that frame would
+        sit unread forever while the ranks compute on)."""
+        current = self._current.get(group)
+        if current is not None and current.seq == header.seq:
+            return
+        if current is not None:
+            history = self._previous.get(group)
+            if history is None:
+                history = self._previous[group] = deque(maxlen=_HISTORY)
+            history.append(current)
+        self._current[group] = header
+        self._check_stashed(group, header)
+        if self._probes:
+            for (g, peer), got in list(self._probes.items()):
+                if g != group or got.seq > header.seq:
+                    continue
+                del self._probes[(g, peer)]
+                ours = header if got.seq == header.seq else current
+                if ours is not None and ours.seq == got.seq:
+                    diffs = _wire.meta_differences(got, ours)
+                    if diffs:
+                        self._mismatch(peer, got, ours, diffs)
+
+    def _check_stale(self, group: int, seq: int) -> None:
+        """Before `group`'s collective `seq`: a frame of an earlier one still unread will
+        never be (that collective finished here without it) - e.g. two ranks that both
+        thought they were the root and only sent, and then went on in the arena."""
+        for key, stashed in self._unexpected.items():
+            if key[0] == _wire.DATA and key[1] == group and key[2] < seq:
+                for peer, got, _payload in stashed:
+                    current = self._current.get(group)
+                    self._stale(peer, got, current if current is not None else got)
+
+    def _check_stashed(self, group: int, header: Header) -> None:
+        """Frames of `group` that came early: one of an earlier collective (nobody will
+        receive it now) or one contradicting `header` means the ranks called different things."""
+        if not self._unexpected:
+            return
+        for key, stashed in self._unexpected.items():
+            if key[0] != _wire.DATA or key[1] != group or key[2] > header.seq:
+                continue
+            for peer, got, _payload in stashed:
+                if got.seq < header.seq:
+                    self._stale(peer, got, header)
+                diffs = _wire.meta_differences(got, header)
+                if diffs:
+                    self._mismatch(peer, got, header, diffs)
+
+    def _post(self, m: InMessage) -> None:
+        key = m.expect.key
+        # A message that came early is delivered from where it was kept.
+        queue = self._unexpected.get(key)
+        if queue:
+            for i, (peer, header, payload) in enumerate(queue):
+                if m.peer in (ANY_SOURCE, peer):
+                    del queue[i]
+                    if not queue:
+                        del self._unexpected[key]
+                    self._unexpected_bytes -= payload.nbytes
+                    self._check_match(peer, header, m)
+                    _deliver(m, payload)
+                    self._complete(m, peer, header)
+                    return
+        if self._adopt(m):
+            return
+        if m.peer == ANY_SOURCE:
+            self._posted_any.setdefault(key, deque()).append(m)
+        else:
+            self._posted.setdefault((m.peer, key), deque()).append(m)
+
+    def _adopt(self, m: InMessage) -> bool:
+        """A message still arriving into a stash (it came before its receive): move what
+        has landed into the receive's destination and read the rest straight there, so a
+        large early message is copied only as far as it got, not whole at the end."""
+        key = m.expect.key
+        for conn in self._conns.values():
+            header = conn.cur
+            if (
+                header is None
+                or conn.stash is None
+                or header.key != key
+                or m.peer not in (ANY_SOURCE, conn.peer)
+                or conn.lost is not None
+            ):
+                continue
+            got = conn.got
+            if m.sink is not None and got % m.align:
+                continue  # a piece would split an item: delivered whole when it is in
+            self._check_match(conn.peer, header, m)
+            if got:
+                _deliver(m, conn.stash[:got])
+            self._unexpected_bytes -= header.nbytes
+            conn.stash = None
+            self._target(conn, m, header.nbytes, got)
+            if m.on_data is not None and got:
+                m.on_data(got)
+            return True
+        return False
+
+    def _unpost(self, recvs: Sequence[InMessage]) -> None:
+        for m in recvs:
+            if m.done:
+                continue
+            for table, k in (
+                (self._posted, (m.peer, m.expect.key)),
+                (self._posted_any, m.expect.key),
+            ):
+                queue = table.get(k)
+                if queue and m in queue:
+                    queue.remove(m)
+                    if not queue:
+                        del table[k]
+            for conn in self._conns.values():
+                if conn.target is m:
+                    # Half-received: the stream position is lost, so is the connection.
+                    self._lose(conn, "a receive was abandoned mid-message")
+
+    def _drop_unsent(self, sends: Sequence[OutMessage]) -> None:
+        half_sent = []
+        for m in sends:
+            if m.done:
+                continue
+            conn = self._conns.get(m.peer)
+            if conn is None or m not in conn.outq:
+                continue
+            if conn.outq[0] is m and conn.out_sent:
+                half_sent.append((conn, m))
+            else:
+                conn.outq.remove(m)
+        for conn, m in half_sent:
+            self._finish_frame(conn, m)
+
+    def _finish_frame(self, conn: _Conn, m: OutMessage) -> None:
+        """Send the rest of a frame the failed exchange left half-sent, within bounds (the
+        peer is reading: every rank reads all its connections while it waits), else give
+        up the connection: the byte stream cannot be resumed mid-frame."""
+        left = _wire.SIZE + m.payload.nbytes - conn.out_sent
+        deadline = time.monotonic() + FINISH_SECONDS
+        while left <= FINISH_BYTES and conn.lost is None and conn.outq and conn.outq[0] is m:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                self._pump(min(remaining, 0.05))
+            except CollectiveError:
+                pass  # this exchange failed already; other news waits for the next call
+        if conn.lost is None and conn.outq and conn.outq[0] is m:
+            self._lose(conn, "a send was abandoned mid-message")
+
+    def _enqueue(self, m: OutMessage) -> None:
+        conn = self._conns[m.peer]
+        conn.outq.append(m)
+        if len(conn.outq) == 1:
+            self._flush(conn)
+
+    # ------------------------------------------------------------------ the progress loop
+
+    def _drive(
+        self,
+        sends: Sequence[OutMessage],
+        recvs: Sequence[InMessage],
+        deadline: float | None,
+        group: int,
+        label: str,
+        seq: int | None = None,
+    ) -> None:
+        probe_at = time.monotonic() + PROBE_AFTER if recvs else None
+        while True:
+            if all(m.done for m in recvs) and all(m.done for m in sends):
+                return
+            if deadline is None:
+                timeout = 1.0
+            else:
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    self._pump(0.0)  # an abort notice already here explains the wait
+                    self._raise_if_aborted(group, seq, sends, recvs)
+                    raise self._timeout(sends, recvs, label)
+                timeout = min(timeout, 1.0)
+            if probe_at is not None:
+                until_probe = probe_at - time.monotonic()
+                if until_probe <= 0:
+                    probe_at = None
+                    self._probe(recvs)
+                else:
+                    timeout = min(timeout, until_probe)
+            self._pump(timeout)
+            self._raise_if_aborted(group, seq, sends, recvs)
+            self._raise_if_interrupted()
+            for m in recvs:
+                if not m.done:
+                    self._raise_if_lost(m.peer)
+            for m in sends:
+                if not m.done:
+                    self._raise_if_lost(m.peer)
+
+    def _probe(self, recvs: Sequence[InMessage]) -> None:
+        """Tell each peer we still wait on in this collective which collective it is."""
+        seen = set()
+        for m in recvs:
+            if m.done or m.expect.frame != _wire.DATA or m.peer in seen:
+                continue
+            seen.add(m.peer)
+            conn = self._conns.get(m.peer)
+            if conn is None or conn.lost is not None:
+                continue
+            self._send_probe(m.peer, m.expect)
+
+    def _send_probe(self, peer: int, e: Header) -> None:
+        self._probed[peer] = (e.group, e.seq)
+        header = Header(
+            _wire.PROBE, e.kind, e.dtype, e.op, e.algo, e.group, e.seq, 0, e.root, e.count, 0
+        )
+        self._enqueue(OutMessage(peer, header, memoryview(b"")))
+
+    def _on_probe(self, peer: int, got: Header) -> None:
+        current = self._current.get(got.group)
+        if got.group == self._active and current is not None and current.seq == got.seq:
+            diffs = _wire.meta_differences(got, current)
+            if diffs:
+                self._mismatch(peer, got, current, diffs)
+            if self._probed.get(peer) != (got.group, got.seq):
+                # Answer once: then a peer that times out waiting on us can say we were
+                # in the same call, waiting in turn (on someone else), not absent.
+                self._send_probe(peer, current)
+        elif current is None or got.seq >= current.seq:
+            # checked when this group next runs (_begin); raising now would blame
+            # whatever other group's exchange happens to be in progress
+            self._probes[(got.group, peer)] = got
+
+    def _pump(self, timeout: float) -> None:
+        """Wait up to `timeout` for sockets to be ready, then make every bit of progress."""
+        if _WAIT.on:  # PYCOLLECTIVE_TIMELINE: time blocked here is time waiting for peers
+            t0 = time.perf_counter()
+            ready = self._sel.select(timeout)
+            _WAIT.total += time.perf_counter() - t0
+        else:
+            ready = self._sel.select(timeout)
+        for conn, readable, writable in ready:
+            if conn is None:  # interrupt()'s wake-up
+                try:
+                    while self._wake_r.recv(256):
+                        pass
+                except OSError:
+                    pass
+                continue
+            if conn.lost is not None:
+                continue
+            if writable:
+                self._flush(conn)
+            if readable and conn.lost is None:
+                self._read(conn)
+
+    def _timeout(
+        self, sends: Sequence[OutMessage], recvs: Sequence[InMessage], label: str
+    ) -> CollectiveTimeout:
+        waiting = sorted(
+            {m.peer for m in recvs if not m.done} | {m.peer for m in sends if not m.done}
+        )
+        doing = "; ".join(self._last_doing(p) for p in waiting if p != ANY_SOURCE)
+        return CollectiveTimeout(
+            f"rank {self.rank}: {label or 'operation'} timed out waiting for rank(s) {waiting}"
+            + (f" ({doing})" if doing else ""),
+            op=label or None,
+            waiting_on=waiting,
+        )
+
+    def _last_doing(self, peer: int) -> str:
+        """What `peer` was last seen doing, from the last frame it sent us (a PROBE says it
+        waits in that collective; data says it got at least that far)."""
+        conn = self._conns.get(peer)
+        if conn is None:
+            return f"rank {peer}: unknown"
+        if conn.lost is not None:
+            return f"rank {peer}: connection lost ({conn.lost})"
+        h = conn.last
+        if h is None:
+            return f"rank {peer}: has sent nothing since the job started"
+        if h.frame == _wire.PROBE:
+            return f"rank {peer}: was waiting in {h.describe()}"
+        if h.frame == _wire.ABORT:
+            return f"rank {peer}: reported a failure in call #{h.seq}"
+        return f"rank {peer}: last sent data of {h.describe()}"
+
+    def _raise_if_lost(self, peer: int) -> None:
+        if peer == ANY_SOURCE:
+            return
+        conn = self._conns[peer]
+        if conn.lost is not None:
+            raise TransportError(f"rank {self.rank} lost rank {peer}: {conn.lost}", peer=peer)
+
+    def _raise_if_aborted(
+        self,
+        group: int,
+        seq: int | None = None,
+        sends: Sequence[OutMessage] = (),
+        recvs: Sequence[InMessage] = (),
+    ) -> None:
+        """Raise the failure a peer reported for `group`, unless it failed in a collective
+        after `seq`, the one running here: that peer finished ours, so what we wait on can
+        still come (the next call raises). Point-to-point (seq None) always raises.
+
+        A relayed timeout says whom this rank was waiting for, too: the peer that timed
+        out first may have been waiting on us, while we wait on the rank actually late."""
+        exc = self._aborted.get(group)
+        if exc is None or (seq is not None and self._abort_seq[group] > seq):
+            return
+        error = _copy_error(exc)
+        if isinstance(error, CollectiveTimeout):
+            waiting = sorted(
+                {m.peer for m in recvs if not m.done} | {m.peer for m in sends if not m.done}
+            )
+            if waiting:
+                doing = "; ".join(self._last_doing(p) for p in waiting if p != ANY_SOURCE)
+                error = CollectiveTimeout(
+                    f"{error}; rank {self.rank} was waiting for rank(s) {waiting}"
+                    + (f" ({doing})" if doing else ""),
+                    waiting_on=waiting,
+                )
+        raise error
+
+    def _raise_if_interrupted(self) -> None:
+        if self._interrupted is not None:
+            raise TransportError(self._interrupted)
+
+    def _lose(self, conn: _Conn, reason: str) -> None:
+        if conn.lost is not None:
+            return
+        conn.lost = reason
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+
+    # ------------------------------------------------------------------ sending
+
+    def _flush(self, conn: _Conn) -> None:
+        sock = conn.sock
+        while conn.outq:
+            m = conn.outq[0]
+            if conn.out_sent == 0:
+                conn.out_hdr = m.header.pack()
+            hlen = len(conn.out_hdr)
+            total = hlen + m.payload.nbytes
+            sent = conn.out_sent
+            try:
+                if sent < hlen:
+                    n = sock.sendmsg([conn.out_hdr[sent:], m.payload])
+                else:
+                    n = sock.send(m.payload[sent - hlen :])
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                self._lose(conn, f"send failed: {exc.strerror or exc}")
+                return
+            conn.out_sent = sent + n
+            if conn.out_sent < total:
+                break
+            conn.outq.popleft()
+            conn.out_sent = 0
+            m.done = True
+        want_write = bool(conn.outq)
+        if want_write != conn.writing:
+            self._sel.modify(sock, conn, want_write)
+            conn.writing = want_write
+
+    # ------------------------------------------------------------------ receiving
+
+    def _read(self, conn: _Conn) -> None:
+        """Read what is there (the socket is non-blocking) and act on every whole header
+        and payload. Returns after a short read: the socket is then most likely drained,
+        and if not the (level-triggered) selector says so again."""
+        buf = conn.rbuf
+        drained = False
+        while True:
+            avail = conn.rend - conn.rpos
+            if conn.cur is None:
+                if avail >= _wire.SIZE:
+                    pos = conn.rpos
+                    conn.rpos = pos + _wire.SIZE
+                    self._on_header(conn, pos)
+                    if conn.lost is not None:
+                        return
+                    continue
+            else:
+                view = conn.view
+                assert view is not None  # noqa: S101 - set with cur
+                got = conn.got
+                if avail:
+                    k = min(avail, view.nbytes - got)
+                    pos = conn.rpos
+                    view[got : got + k] = buf[pos : pos + k]
+                    conn.rpos = pos + k
+                    self._on_bytes(conn, k)
+                    if conn.lost is not None:
+                        return
+                    continue
+                left = view.nbytes - got
+                if left >= _DIRECT_BYTES:
+                    if drained:
+                        return
+                    n = self._recv(conn, view[got:])
+                    if n <= 0:
+                        return
+                    drained = n < left
+                    self._on_bytes(conn, n)
+                    if conn.lost is not None:
+                        return
+                    continue
+            if drained:
+                return
+            # Refill the buffer, keeping the start of a header that is not whole yet.
+            if conn.rpos == conn.rend:
+                conn.rpos = conn.rend = 0
+            elif conn.rend > _RBUF_BYTES - _wire.SIZE:
+                rest = conn.rend - conn.rpos
+                buf[:rest] = buf[conn.rpos : conn.rend]
+                conn.rpos, conn.rend = 0, rest
+            space = _RBUF_BYTES - conn.rend
+            n = self._recv(conn, buf[conn.rend :])
+            if n <= 0:
+                return
+            conn.rend += n
+            drained = n < space
+
+    def _recv(self, conn: _Conn, into: memoryview) -> int:
+        """recv_into `into`: bytes read, 0 if none are there yet, -1 if the peer is lost."""
+        try:
+            n = conn.sock.recv_into(into)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError as exc:
+            self._lose(conn, f"connection error: {exc.strerror or exc}")
+            return -1
+        if n == 0:
+            self._lose(conn, "connection closed by peer (process exited or crashed?)")
+            return -1
+        return n
+
+    def _on_bytes(self, conn: _Conn, n: int) -> None:
+        conn.got += n
+        target = conn.target
+        if target is not None:
+            if target.sink is not None:
+                if conn.got == conn.view.nbytes:  # type: ignore[union-attr]
+                    target.sink(conn.view)  # type: ignore[arg-type]
+                    if conn.left:
+                        piece = min(_SINK_BYTES, conn.left)
+                        conn.view = conn.window[:piece]  # type: ignore[index]
+                        conn.left -= piece
+                        conn.got = 0
+                        return
+                    self._on_payload(conn)
+                return
+            if target.on_data is not None:
+                target.on_data(conn.got)
+        if conn.got == conn.view.nbytes:  # type: ignore[union-attr]
+            self._on_payload(conn)
+
+    def _on_header(self, conn: _Conn, pos: int) -> None:
+        try:
+            header = _wire.unpack(conn.rbuf, pos)
+        except _wire.FrameError as exc:
+            # Lose the connection but raise nothing here: the exchange in progress may be
+            # another group's, with other peers; whoever needs this peer raises (_drive).
+            self._lose(conn, f"rank {conn.peer} sent an invalid frame: {exc}")
+            return
+        if (
+            header.nbytes > MAX_FRAME_BYTES
+            or (header.frame == _wire.ABORT and header.nbytes > _wire.MAX_ABORT_PAYLOAD)
+            or (header.frame == _wire.PROBE and header.nbytes)
+        ):
+            self._lose(
+                conn, f"rank {conn.peer} announced a {header.nbytes}-byte frame, over the limit"
+            )
+            return
+        conn.cur = conn.last = header
+        conn.got = 0
+        mismatch: MismatchError | None = None
+        try:
+            target = self._match(conn.peer, header)
+        except MismatchError as exc:
+            # Keep the stream in step: the payload is read and set aside, then we raise.
+            target, mismatch = None, exc
+        if target is not None:
+            self._target(conn, target, header.nbytes)
+        else:
+            if self._unexpected_bytes + header.nbytes > self.max_unexpected:
+                self._lose(
+                    conn,
+                    f"rank {conn.peer} sent {header.nbytes} bytes nobody asked for, beyond "
+                    f"the {self.max_unexpected}-byte bound on early messages",
+                )
+                return
+            conn.stash = np.empty(header.nbytes, dtype=np.uint8)
+            conn.view = memoryview(conn.stash).cast("B")
+            self._unexpected_bytes += header.nbytes
+        if header.nbytes == 0:
+            self._on_payload(conn)
+        if mismatch is not None:
+            raise mismatch
+
+    @staticmethod
+    def _target(conn: _Conn, m: InMessage, nbytes: int, got: int = 0) -> None:
+        """Read the rest of an `nbytes` payload, of which `got` bytes are in already, for
+        `m`: into its destination, or piece by piece through the connection's window."""
+        conn.target = m
+        if m.sink is not None:
+            if conn.window is None:
+                conn.window = memoryview(bytearray(_SINK_BYTES))
+            rest = nbytes - got
+            first = min(_SINK_BYTES, rest)
+            conn.view = conn.window[:first]
+            conn.left = rest - first
+            conn.got = 0
+            return
+        dest = m.dest
+        if dest.format != "B" or dest.ndim != 1:
+            dest = dest.cast("B")  # bytes are copied in from the read buffer by slices
+        conn.view = dest[:nbytes]
+        conn.got = got
+
+    def _match(self, peer: int, header: Header) -> InMessage | None:
+        """The posted receive this header is for, after checking it agrees with ours."""
+        if header.frame == _wire.ABORT or header.frame == _wire.PROBE:
+            return None
+        key = header.key
+        queue = self._posted.get((peer, key))
+        if not queue and header.frame == _wire.P2P:
+            queue = self._posted_any.get(key)
+        if queue:
+            m = queue[0]
+            self._check_match(peer, header, m)
+            queue.popleft()
+            if not queue:
+                self._posted.pop((peer, key), None)
+                self._posted_any.pop(key, None)
+            return m
+        if header.frame == _wire.DATA:
+            self._check_early(peer, header)
+        return None
+
+    def _check_match(self, peer: int, got: Header, m: InMessage) -> None:
+        want = m.expect
+        diffs = _wire.meta_differences(got, want) if got.frame == _wire.DATA else []
+        if got.frame == _wire.P2P and got.dtype != want.dtype:
+            diffs.append("dtype")
+        if not diffs and got.nbytes != m.dest.nbytes:
+            diffs.append("bytes")
+        if diffs:
+            self._mismatch(peer, got, want, diffs)
+
+    def _check_early(self, peer: int, got: Header) -> None:
+        """A DATA frame nobody waits for yet: fine if it belongs to a later step or collective,
+        a mismatch if it contradicts the collective in progress or belongs to an earlier one."""
+        if got.group != self._active:
+            return  # another group's business: checked when that group runs (_begin)
+        want = self._current.get(got.group)
+        if want is None:
+            return
+        if got.seq == want.seq:
+            diffs = _wire.meta_differences(got, want)
+            if diffs:
+                self._mismatch(peer, got, want, diffs)
+        elif got.seq < want.seq:
+            self._stale(peer, got, want)
+
+    def _stale(self, peer: int, got: Header, current: Header) -> None:
+        """A frame of a collective this rank already finished without it: the ranks' calls
+        differed. Name what this rank called then, if remembered, else what it runs now."""
+        for before in self._previous.get(got.group, ()):
+            if before.seq == got.seq:
+                diffs = _wire.meta_differences(got, before)
+                if diffs:
+                    self._mismatch(peer, got, before, diffs)
+        self._mismatch(peer, got, current, ["sequence number"])
+
+    def _mismatch(self, peer: int, got: Header, want: Header, diffs: list[str]) -> None:
+        # all_to_all's header carries no count (splits may differ by rank): say the sizes
+        sizes = (
+            f" ({got.nbytes} bytes arrived where {want.nbytes} were expected)"
+            if "bytes" in diffs and got.frame == _wire.DATA
+            else ""
+        )
+        raise MismatchError(
+            f"collective mismatch ({', '.join(diffs)} differ): rank {self.rank} called "
+            f"{want.describe()} but rank {peer} called {got.describe()}{sizes}"
+        )
+
+    def _on_payload(self, conn: _Conn) -> None:
+        header = conn.cur
+        assert header is not None  # noqa: S101 - internal invariant of the state machine
+        target, stash = conn.target, conn.stash
+        conn.cur = conn.target = conn.stash = conn.view = None
+        conn.got = 0
+        if header.frame == _wire.PROBE:
+            self._on_probe(conn.peer, header)
+            return
+        if header.frame == _wire.ABORT:
+            self._unexpected_bytes -= header.nbytes
+            reason = bytes(stash).decode("utf-8", "replace") if stash is not None else ""
+            cls = _ERROR_TYPES.get(header.kind, CollectiveError)
+            if cls is UsageError:
+                cls = CollectiveError  # someone else's misuse is not ours
+            message = f"rank {conn.peer} failed: {reason}"
+            culprit = header.root if header.root >= 0 else None
+            if cls is TransportError:
+                error: CollectiveError = TransportError(message, peer=culprit)
+            elif cls is CollectiveTimeout:
+                waiting = () if culprit is None else (culprit,)
+                error = CollectiveTimeout(message, waiting_on=waiting)
+            else:
+                error = cls(message)
+            if header.seq < self._abort_seq.get(header.group, header.seq + 1):
+                # the earliest collective that failed is the one to report
+                self._aborted[header.group] = error
+                self._abort_seq[header.group] = header.seq
+            return
+        if target is not None:
+            self._complete(target, conn.peer, header)
+        else:
+            assert stash is not None  # noqa: S101
+            # Its receive may have been posted while the message was still arriving.
+            late = self._match(conn.peer, header)
+            if late is not None:
+                self._unexpected_bytes -= header.nbytes
+                _deliver(late, memoryview(stash))
+                self._complete(late, conn.peer, header)
+            else:
+                self._unexpected.setdefault(header.key, deque()).append((conn.peer, header, stash))
+
+    @staticmethod
+    def _complete(m: InMessage, peer: int, header: Header) -> None:
+        m.source = peer
+        m.header = header
+        m.done = True
+
+
+def _deliver(m: InMessage, payload: memoryview | np.ndarray) -> None:
+    """Hand a payload that was kept aside (it came early) to its receive."""
+    data = payload if isinstance(payload, memoryview) else memoryview(payload)
+    if m.sink is not None:
+        for lo in range(0, data.nbytes, _SINK_BYTES):
+            m.sink(data[lo : lo + _SINK_BYTES])
+    else:
+        m.dest[: data.nbytes] = data
