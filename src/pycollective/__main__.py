@@ -16,6 +16,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from ._version import __version__
+
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("pycollective.cli.run", "start N ranks of a program with the torchrun environment"),
@@ -39,14 +41,44 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Shows each option's default, unless its help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" not in text
+            and default not in (None, False, True, argparse.SUPPRESS)
+            and action.option_strings
+        ):
+            text += f" (default {default})"
+        return text
+
+
+def _subcommand_parser(name: str, prog: str = "pycollective") -> argparse.ArgumentParser:
+    module_name, help_text = SUBCOMMANDS[name]
+    module = importlib.import_module(module_name)
+    p = argparse.ArgumentParser(
+        prog=f"{prog} {name}", description=help_text, formatter_class=_HelpFormatter
+    )
+    module.add_arguments(p)
+    p.set_defaults(_handler=module.main)
+    return p
+
+
 def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
-    """The full parser; only the `chosen` subcommand's module is imported."""
+    """The top-level parser (the list of subcommands, --version); `chosen`, if given, is
+    the one subcommand whose module is imported and whose options are added."""
     parser = argparse.ArgumentParser(
         prog="pycollective", description="Collective communication for Python."
     )
+    parser.add_argument("--version", action="version", version=f"pycollective {__version__}")
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(
+            name, help=help_text, description=help_text, formatter_class=_HelpFormatter
+        )
         if name == chosen:
             module = importlib.import_module(module_name)
             module.add_arguments(p)
@@ -56,14 +88,17 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    chosen = next((a for a in args_list if not a.startswith("-")), None)
-    parser = build_parser(chosen if chosen in SUBCOMMANDS else None)
-    args = parser.parse_args(args_list)
-    handler = getattr(args, "_handler", None)
-    if handler is None:
-        parser.print_help()
-        return 2
-    return int(handler(args))
+    if args_list and args_list[0] in SUBCOMMANDS:
+        # The subcommand's own parser reads everything after its name, so that its errors
+        # (an unknown option, a bad value) come with its usage line, not the top level's.
+        args = _subcommand_parser(args_list[0]).parse_args(args_list[1:])
+    else:
+        parser = build_parser()
+        args = parser.parse_args(args_list)
+        if getattr(args, "_handler", None) is None:
+            parser.print_help(sys.stderr)
+            return 2
+    return int(args._handler(args))
 
 
 if __name__ == "__main__":

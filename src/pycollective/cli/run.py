@@ -3,7 +3,8 @@
 Each rank gets torchrun's environment contract:
 
     RANK, WORLD_SIZE (= nprocs * nnodes), LOCAL_RANK, LOCAL_WORLD_SIZE,
-    GROUP_RANK and NODE_RANK (= node rank), MASTER_ADDR, MASTER_PORT,
+    GROUP_RANK and NODE_RANK (= node rank), GROUP_WORLD_SIZE (= nnodes), ROLE_RANK,
+    ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, OMP_NUM_THREADS=1 (unless set; as torchrun),
 
 plus PYCOLLECTIVE_SECRET (the job's shared secret), PYCOLLECTIVE_STORE_HOSTED=1 (the
 launcher of node 0 hosts the TCP store at MASTER_ADDR:MASTER_PORT, so ranks must connect
@@ -133,18 +134,6 @@ class _Rank:
         self.readers: list[threading.Thread] = []
 
 
-def _resolve_command(cmd: Sequence[str]) -> list[str]:
-    cmd = list(cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        raise UsageError("no command to run")
-    # `pycollective run -n 2 train.py` runs the script with this interpreter, as torchrun does.
-    if cmd[0].endswith(".py") and not os.access(cmd[0], os.X_OK):
-        cmd.insert(0, sys.executable)
-    return cmd
-
-
 def launch(
     nprocs: int,
     cmd: Sequence[str],
@@ -159,6 +148,8 @@ def launch(
     stdout: BinaryIO | None = None,
     stderr: BinaryIO | None = None,
     servers: int = 0,
+    module: bool = False,
+    no_python: bool = False,
 ) -> int:
     """Run `cmd` as `nprocs` ranks on this node (node `node_rank` of `nnodes`).
 
@@ -184,7 +175,7 @@ def launch(
         raise UsageError(f"master port must be in 0..65535, got {master_port}")
     if nnodes > 1 and (master_addr is None or master_port == 0):
         raise UsageError("a multi-node job needs --master-addr and a non-zero --master-port")
-    command = _resolve_command(cmd)
+    command = command_line(cmd, module=module, no_python=no_python)
     base_env = dict(os.environ if env is None else env)
     out = _Output(stdout if stdout is not None else sys.stdout.buffer)
     err = _Output(stderr if stderr is not None else sys.stderr.buffer)
@@ -217,6 +208,10 @@ def launch(
     if not base_env.get("PYCOLLECTIVE_FLIGHT_DIR"):
         flight_dir = tempfile.mkdtemp(prefix="pycollective-flight-")
         secret_vars["PYCOLLECTIVE_FLIGHT_DIR"] = flight_dir
+    omp, note = rank_environment(base_env, nprocs + servers)
+    secret_vars.update(omp)
+    if note:
+        err.write(b"", note.encode())
     secret_vars.setdefault("PYCOLLECTIVE_JOB_ID", f"{os.getpid()}-{secrets.token_hex(4)}")
     try:
         status = _run(
@@ -314,7 +309,10 @@ def _run(
                 LOCAL_RANK=str(local_rank),
                 LOCAL_WORLD_SIZE=str(nprocs + servers),
                 GROUP_RANK=str(node_rank),
+                GROUP_WORLD_SIZE=str(nnodes),
                 NODE_RANK=str(node_rank),
+                ROLE_RANK=str(rank),
+                ROLE_WORLD_SIZE=str(nprocs * nnodes + servers),
                 MASTER_ADDR=master_addr,
                 MASTER_PORT=str(master_port),
                 PYCOLLECTIVE_STORE_HOSTED="1",
@@ -433,22 +431,62 @@ def _supervise(ranks: list[_Rank], grace: float, received: list[int], err: _Outp
     return _exit_code(first.returncode)
 
 
+# torchrun's default port for --rdzv-endpoint HOST without one.
+_RDZV_DEFAULT_PORT = 29400
+_OMP_NOTE = (
+    "pycollective run: setting OMP_NUM_THREADS=1 for each rank (as torchrun does) so that "
+    "{n} ranks do not overload the cores; export OMP_NUM_THREADS to choose another value"
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """torchrun's spellings (dashes or underscores), mpirun's -np, and our own options."""
     parser.add_argument(
-        "-n", "--nproc-per-node", dest="nprocs", type=int, required=True, metavar="N",
-        help="ranks to start on this node",
+        "-n", "-np", "--np", "--nproc-per-node", "--nproc_per_node", dest="nprocs",
+        default="1", metavar="N",
+        help="ranks to start on this node: a number, or 'cpu'/'auto' for one per core "
+        "(default 1)",
     )  # fmt: skip
-    parser.add_argument("--nnodes", type=int, default=1, help="nodes in the job (default 1)")
     parser.add_argument(
-        "--node-rank", type=int, default=0, help="this node's rank, 0..nnodes-1 (default 0)"
-    )
+        "--nnodes", default="1", metavar="K",
+        help="nodes in the job (default 1; torchrun's K:K is accepted)",
+    )  # fmt: skip
     parser.add_argument(
-        "--master-addr", default=None,
+        "--node-rank", "--node_rank", type=int, default=None, metavar="I",
+        help="this node's rank, 0..K-1 (default 0)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--master-addr", "--master_addr", default=None, metavar="HOST",
         help="address of node 0, where the store runs (default 127.0.0.1)",
     )  # fmt: skip
     parser.add_argument(
-        "--master-port", type=int, default=0,
+        "--master-port", "--master_port", type=int, default=None, metavar="PORT",
         help="store port on node 0 (default: a free port; required with --nnodes > 1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--standalone", action="store_true",
+        help="a single-node job on a free local port (torchrun's flag; also the default)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rdzv-endpoint", "--rdzv_endpoint", default=None, metavar="HOST[:PORT]",
+        help=f"torchrun's rendezvous endpoint: the same as --master-addr HOST --master-port "
+        f"PORT (port {_RDZV_DEFAULT_PORT} if omitted)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rdzv-backend", "--rdzv_backend", default=None, metavar="NAME",
+        help="accepted for torchrun scripts: c10d or static (both mean the store above)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rdzv-id", "--rdzv_id", default=None, metavar="ID",
+        help="accepted for torchrun scripts (the job is named by its store)",
+    )  # fmt: skip
+    parser.add_argument(
+        "-m", "--module", action="store_true",
+        help="run the program as a Python module, as `python -m` does",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-python", "--no_python", dest="no_python", action="store_true",
+        help="run the program directly, without this Python (e.g. a shell script)",
     )  # fmt: skip
     parser.add_argument(
         "--servers", type=int, default=0, metavar="S",
@@ -468,20 +506,126 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _count(text: str, what: str) -> int:
+    if text in ("cpu", "auto"):
+        return os.cpu_count() or 1
+    if text == "gpu":
+        raise UsageError(f"{what} gpu: pycollective runs on CPUs; give a number or 'cpu'")
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"{what} must be a number or 'cpu', got {text!r}") from None
+
+
+def _nnodes(text: str) -> int:
+    lo, sep, hi = text.partition(":")
+    if sep and lo != hi:
+        raise UsageError(
+            f"--nnodes {text}: a range of node counts (torchrun's elastic MIN:MAX) is not "
+            "supported; give one number"
+        )
+    try:
+        return int(lo)
+    except ValueError:
+        raise UsageError(f"--nnodes must be a number, got {text!r}") from None
+
+
+def resolve_options(args: argparse.Namespace) -> dict:
+    """The parsed command line as launch()'s keyword arguments (raises UsageError)."""
+    nprocs = _count(str(args.nprocs), "-n/--nproc-per-node")
+    nnodes = _nnodes(str(args.nnodes))
+    master_addr, master_port = args.master_addr, args.master_port
+    backend = (args.rdzv_backend or "").lower()
+    if backend not in ("", "c10d", "static"):
+        raise UsageError(
+            f"--rdzv-backend {args.rdzv_backend}: only c10d and static are supported "
+            "(both use the store that node 0's launcher hosts)"
+        )
+    if args.standalone:
+        if nnodes != 1:
+            raise UsageError(f"--standalone is a single-node job, but --nnodes is {nnodes}")
+        if args.rdzv_endpoint or master_addr or master_port:
+            raise UsageError(
+                "--standalone picks a free local port itself: drop --rdzv-endpoint, "
+                "--master-addr and --master-port"
+            )
+    if args.rdzv_endpoint:
+        host, sep, port = args.rdzv_endpoint.rpartition(":")
+        if not sep or "]" in port:  # no port, or a bare IPv6 address
+            host, port = args.rdzv_endpoint, str(_RDZV_DEFAULT_PORT)
+        host = host.strip("[]")
+        try:
+            rport = int(port)
+        except ValueError:
+            raise UsageError(f"--rdzv-endpoint {args.rdzv_endpoint}: bad port {port!r}") from None
+        if (master_addr not in (None, host)) or (master_port not in (None, rport)):
+            raise UsageError(
+                "--rdzv-endpoint and --master-addr/--master-port disagree: give one of them"
+            )
+        master_addr, master_port = host, rport
+        if nnodes > 1 and args.node_rank is None:
+            raise UsageError(
+                "torchrun's c10d rendezvous numbers the nodes as they arrive; pycollective "
+                "run needs each node's --node-rank (0 on the host of --rdzv-endpoint)"
+            )
+    if nnodes == 1 and master_addr in ("localhost", "127.0.0.1") and master_port is None:
+        master_addr = None
+    command_line(args.command, module=args.module, no_python=args.no_python)  # checks only
+    return dict(
+        nprocs=nprocs,
+        cmd=args.command,
+        module=args.module,
+        no_python=args.no_python,
+        nnodes=nnodes,
+        node_rank=0 if args.node_rank is None else args.node_rank,
+        master_addr=master_addr,
+        master_port=master_port or 0,
+        prefix=args.prefix,
+        grace=args.grace,
+        servers=args.servers,
+    )
+
+
+def command_line(cmd: Sequence[str], *, module: bool = False, no_python: bool = False) -> list[str]:
+    """What each rank executes: torchrun's rules for -m and --no-python; otherwise a .py
+    file (not executable) runs with this Python. A script that does not exist is named
+    here, once, instead of by every rank."""
+    cmd = list(cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("no command to run (e.g. pycollective run -n 2 train.py)")
+    if module and no_python:
+        raise UsageError("-m/--module and --no-python cannot be used together")
+    if module:
+        return [sys.executable, "-m", *cmd]
+    if no_python:
+        return cmd
+    script_at = None
+    if cmd[0].endswith(".py"):
+        script_at = 0
+    elif os.path.basename(cmd[0]).startswith("python") and len(cmd) > 1:
+        if not cmd[1].startswith("-"):
+            script_at = 1  # python script.py ...
+    if script_at is not None and not os.path.exists(cmd[script_at]):
+        raise UsageError(f"no such script: {cmd[script_at]}")
+    if script_at == 0 and not os.access(cmd[0], os.X_OK):
+        cmd.insert(0, sys.executable)
+    return cmd
+
+
+def rank_environment(base: Mapping[str, str], nprocs: int) -> tuple[dict[str, str], str | None]:
+    """torchrun's extra for every rank: OMP_NUM_THREADS=1 unless the user set it, and the
+    note to print once (None if nothing was set)."""
+    if "OMP_NUM_THREADS" in base or nprocs <= 1:
+        return {}, None
+    return {"OMP_NUM_THREADS": "1"}, _OMP_NOTE.format(n=nprocs)
+
+
 def main(args: argparse.Namespace) -> int:
     """The `run` subcommand: parsed arguments in, exit status out."""
     try:
-        return launch(
-            args.nprocs,
-            args.command,
-            nnodes=args.nnodes,
-            node_rank=args.node_rank,
-            master_addr=args.master_addr,
-            master_port=args.master_port,
-            prefix=args.prefix,
-            grace=args.grace,
-            servers=args.servers,
-        )
+        return launch(**resolve_options(args))
     except UsageError as exc:
         print(f"pycollective run: {exc}", file=sys.stderr)
         return 2
@@ -490,4 +634,4 @@ def main(args: argparse.Namespace) -> int:
         return 1
 
 
-__all__ = ["add_arguments", "describe_exit", "launch", "main"]
+__all__ = ["add_arguments", "command_line", "describe_exit", "launch", "main", "resolve_options"]
