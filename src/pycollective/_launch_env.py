@@ -153,6 +153,10 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchEnv:
         local_world = _int(env, "LOCAL_WORLD_SIZE") or world or 1
         nnodes = _int(env, "PYCOLLECTIVE_NNODES", "GROUP_WORLD_SIZE")
         prefix = ""
+        if store_host == "launcher" and env.get("PYCOLLECTIVE_RESTART_COUNT", "0") not in ("", "0"):
+            # `pycollective run --max-restarts`: the launcher's store outlives an attempt;
+            # each attempt meets under keys of its own.
+            prefix = f"pycollective/attempt{env['PYCOLLECTIVE_RESTART_COUNT']}"
         if store_host == "torchelastic":
             # The agent's store outlives the workers: a restarted attempt must not read the
             # addresses the failed one left behind. The restart count is per agent, so it

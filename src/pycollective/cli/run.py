@@ -13,10 +13,17 @@ to it rather than start one) and PYTHONUNBUFFERED=1 (so output streams line by l
 Each rank runs in its own process group, with stdin from /dev/null, and its stdout and
 stderr are forwarded line by line with a "[rank N]: " prefix. SIGINT/SIGTERM sent to the
 launcher are forwarded to every rank. When a rank fails (non-zero status or a signal), the
-others get SIGTERM and `grace` seconds to exit on their own before their process groups
-are SIGKILLed; the launcher then names the rank that failed first and shows the end of
-its stderr. Nothing the ranks started outlives the launcher: every process group is
-killed at the end, and on Linux a rank also dies if the launcher itself is killed.
+others first get a notice window (`--notice`, 2 s) with no signal: ranks in a collective
+learn of the loss through their connections and raise, print and exit on their own within
+a fraction of a second. Then the ranks still running get SIGUSR1 (when they handle it: the
+flight recorder dumps, so `diagnose` sees both sides), SIGTERM, and `--grace` seconds
+before their process groups are SIGKILLed. The launcher then names the rank that failed
+first, with the last line of its stderr (the traceback itself was forwarded once, as it
+was written). `--max-restarts K` starts every rank again after a failure, up to K times,
+as torchrun does; `--elastic MIN:MAX` lets the job go on without a lost rank
+(pycollective.elastic) and starts replacements. Nothing the ranks started outlives the
+launcher: every process group is killed at the end, and on Linux a rank also dies if the
+launcher itself is killed.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ logger = logging.getLogger("pycollective.launch")
 HELP = "start N ranks of a program with the torchrun environment"
 _STDERR_TAIL = 20  # lines of the failing rank's stderr kept for the report
 _POLL = 0.02
+_DUMP_WAIT = 0.5  # seconds between SIGUSR1 (flight recorders dump) and SIGTERM
 
 
 def _signal_name(signum: int) -> str:
@@ -126,8 +134,9 @@ def _pump(
 
 
 class _Rank:
-    def __init__(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, rank: int, proc: subprocess.Popen[bytes], local_rank: int = 0) -> None:
         self.rank = rank
+        self.local_rank = local_rank
         self.proc = proc
         self.returncode: int | None = None
         self.stderr_tail: collections.deque[bytes] = collections.deque(maxlen=_STDERR_TAIL)
@@ -150,8 +159,19 @@ def launch(
     servers: int = 0,
     module: bool = False,
     no_python: bool = False,
+    notice: float = 2.0,
+    max_restarts: int = 0,
+    elastic: tuple[int, int] | None = None,
 ) -> int:
     """Run `cmd` as `nprocs` ranks on this node (node `node_rank` of `nnodes`).
+
+    When a rank fails, the others get `notice` seconds to exit on their own, then SIGUSR1
+    (flight recorders dump), SIGTERM and `grace` seconds before SIGKILL. With
+    `max_restarts` K, a failed job is started again, every rank of it, up to K times
+    (TORCHELASTIC_RESTART_COUNT and PYCOLLECTIVE_RESTART_COUNT say which attempt this is;
+    each attempt meets in a store round of its own). With `elastic` (MIN, MAX), a failure
+    that leaves at least MIN ranks running stops nobody: the ranks (pycollective.elastic)
+    go on without it, and up to `max_restarts` replacements are started.
 
     With `servers` > 0 (single node), `servers` more ranks run the same command after the
     workers, as parameter servers: every rank gets PYCOLLECTIVE_NUM_SERVERS and
@@ -171,6 +191,17 @@ def launch(
         raise UsageError(f"node rank {node_rank} is not in 0..{nnodes - 1}")
     if grace < 0:
         raise UsageError(f"grace must be >= 0, got {grace}")
+    if notice < 0:
+        raise UsageError(f"notice must be >= 0, got {notice}")
+    if max_restarts < 0:
+        raise UsageError(f"--max-restarts must be >= 0, got {max_restarts}")
+    if elastic is not None:
+        lo, hi = elastic
+        if not 1 <= lo <= hi or not lo <= nprocs <= hi or nnodes > 1 or servers:
+            raise UsageError(
+                f"--elastic {lo}:{hi} needs 1 <= MIN <= N <= MAX (N = {nprocs} ranks) on a "
+                "single node without --servers"
+            )
     if not 0 <= master_port < 65536:
         raise UsageError(f"master port must be in 0..65535, got {master_port}")
     if nnodes > 1 and (master_addr is None or master_port == 0):
@@ -217,6 +248,7 @@ def launch(
         status = _run(
             nprocs, command, nnodes, node_rank, master_addr, master_port,
             prefix, grace, base_env, secret_vars, out, err, servers,
+            notice, max_restarts, elastic,
         )  # fmt: skip
     finally:
         if server is not None:
@@ -269,6 +301,175 @@ def _report_flight(directory: str, status: int, err: _Output, remove_if_empty: b
     err.write(b"", "\n".join(lines).encode())
 
 
+def _caught(pid: int, sig: int) -> bool:
+    """True if process `pid` has a handler for `sig` (Linux: SigCgt in /proc/PID/status).
+    A rank without one would die of SIGUSR1's default action instead of dumping."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+class _Job:
+    """The ranks of one attempt and how they are stopped.
+
+    After the first failure the others get `notice` seconds with no signal at all (a rank
+    in a collective learns of the loss through its connections and raises, prints and
+    exits on its own; Python's default SIGTERM would end it before its except and finally
+    blocks run); then SIGUSR1 to those still running that handle it (pycollective's flight
+    recorder dumps), then SIGTERM, `grace` seconds, SIGKILL. In elastic mode a failure
+    that leaves at least `elastic_min` ranks running stops nobody: the job goes on with
+    them, and a replacement is started while `replacements` allows.
+    """
+
+    def __init__(
+        self,
+        spawn: Callable[[int, int], _Rank],
+        ranks: list[_Rank],
+        notice: float,
+        grace: float,
+        received: list[int],
+        err: _Output,
+        elastic_min: int = 0,
+        replacements: int = 0,
+        next_id: int = 0,
+    ) -> None:
+        self.spawn = spawn
+        self.ranks = ranks
+        self.notice = notice
+        self.grace = grace
+        self.received = received
+        self.err = err
+        self.elastic_min = elastic_min
+        self.replacements = replacements
+        self.next_id = next_id
+        self.first: _Rank | None = None  # the first failure that stopped the job
+        self.tolerated: list[_Rank] = []  # elastic: failures the job went on without
+        self.launcher_signal: int | None = None
+        self.replaced = 0
+
+    def say(self, text: str) -> None:
+        self.err.write(b"", f"pycollective run: {text}".encode())
+
+    def supervise(self) -> int:
+        phase = "run"  # run -> notice -> dump -> term (-> SIGKILL at `until`)
+        until = 0.0
+        handled = 0
+        while True:
+            running, failed_now = [], []
+            for r in list(self.ranks):
+                if r.returncode is None:
+                    r.returncode = r.proc.poll()
+                    if r.returncode is None:
+                        running.append(r)
+                    elif r.returncode != 0:
+                        failed_now.append(r)
+            now = time.monotonic()
+            if failed_now and phase == "run":
+                # Several found dead in one look: a rank killed by a signal is likelier the
+                # cause than one that exited with an error (often the others' reaction to it).
+                failed_now.sort(key=lambda x: ((x.returncode or 0) >= 0, x.rank))
+                if self.elastic_min and len(running) >= self.elastic_min:
+                    self._go_on(failed_now, running)
+                    continue
+                self.first = failed_now[0]
+                if running:
+                    self.say(
+                        f"rank {self.first.rank} {describe_exit(self.first.returncode or 0)}; "
+                        f"the other ranks have {self.notice:g} s to exit on their own, then "
+                        f"SIGTERM and {self.grace:g} s more"
+                    )
+                phase, until = "notice", now + self.notice
+            while handled < len(self.received):
+                sig = self.received[handled]
+                handled += 1
+                if self.launcher_signal is None:
+                    self.launcher_signal = sig
+                    for r in running:
+                        _killpg(r.proc.pid, sig)
+                    phase, until = "term", now + self.grace
+                else:  # a second signal: the user does not want to wait
+                    until = now
+            if not running:
+                return self._report()
+            if phase != "run" and now >= until:
+                if phase == "notice":
+                    dumping = [r for r in running if _caught(r.proc.pid, signal.SIGUSR1)]
+                    for r in dumping:
+                        _killpg(r.proc.pid, signal.SIGUSR1)
+                    phase, until = "dump", now + (_DUMP_WAIT if dumping else 0.0)
+                elif phase == "dump":
+                    for r in running:
+                        _killpg(r.proc.pid, signal.SIGTERM)
+                    phase, until = "term", now + self.grace
+                elif phase == "term":
+                    for r in running:
+                        _killpg(r.proc.pid, signal.SIGKILL)
+                    phase, until = "killed", float("inf")  # SIGKILL cannot be ignored: reap
+            time.sleep(_POLL)
+
+    def _go_on(self, failed: list[_Rank], running: list[_Rank]) -> None:
+        for r in failed:
+            self.tolerated.append(r)
+            self.ranks.remove(r)
+            _killpg(r.proc.pid, signal.SIGKILL)  # whatever it started goes with it
+            text = f"rank {r.rank} {describe_exit(r.returncode or 0)}; {len(running)} ranks go on"
+            if self.replaced < self.replacements:
+                new = self.spawn(self.next_id, r.local_rank)
+                self.next_id += 1
+                self.replaced += 1
+                self.ranks.append(new)
+                running.append(new)
+                text += f" and rank {new.rank} starts to replace it"
+            self.say(text)
+
+    def _report(self) -> int:
+        for r in self.ranks + self.tolerated:
+            _killpg(r.proc.pid, signal.SIGKILL)  # what the ranks left running would hold the pipes
+        until = time.monotonic() + 2.0
+        for r in self.ranks + self.tolerated:
+            for t in r.readers:
+                t.join(timeout=max(0.0, until - time.monotonic()))  # so the stderr tail is complete
+        if self.launcher_signal is not None:
+            self.say(f"stopped by {_signal_name(self.launcher_signal)}")
+            return 128 + self.launcher_signal
+        if self.tolerated:
+            lost = ", ".join(
+                f"rank {r.rank} {describe_exit(r.returncode or 0)}" for r in self.tolerated
+            )
+            self.say(f"elastic: the job went on without {lost}")
+        first = self.first
+        if first is None:
+            return 0
+        assert first.returncode is not None
+        # The rank's traceback was forwarded as it was written: name it once, with its
+        # last line (the exception), rather than print it a second time.
+        line = f"rank {first.rank} {describe_exit(first.returncode)} (the first rank to fail)"
+        last = _last_line(first.stderr_tail)
+        lines = [f"pycollective run: {line}" + (f": {last}" if last else "")]
+        others = [
+            f"rank {r.rank} {describe_exit(r.returncode)}"
+            for r in self.ranks
+            if r is not first and r.returncode not in (None, 0)
+        ]
+        if others:
+            lines.append("pycollective run: then " + ", ".join(others))
+        self.err.write(b"", "\n".join(lines).encode())
+        return _exit_code(first.returncode)
+
+
+def _last_line(tail: collections.deque[bytes]) -> str:
+    for raw in reversed(tail):
+        text = raw.decode("utf-8", "replace").strip()
+        if text:
+            return text
+    return ""
+
+
 def _run(
     nprocs: int,
     command: list[str],
@@ -283,6 +484,9 @@ def _run(
     out: _Output,
     err: _Output,
     servers: int = 0,
+    notice: float = 2.0,
+    max_restarts: int = 0,
+    elastic: tuple[int, int] | None = None,
 ) -> int:
     received: list[int] = []
     in_main = threading.current_thread() is threading.main_thread()
@@ -291,144 +495,114 @@ def _run(
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda signum, _frame: received.append(signum))
 
-    ranks: list[_Rank] = []
     preexec = _parent_death_signal()
-    try:
-        for local_rank in range(nprocs + servers):
-            rank = node_rank * nprocs + local_rank
-            child_env = dict(base_env)
-            child_env.update(secret_vars)
-            if servers:
-                child_env.update(
-                    PYCOLLECTIVE_NUM_SERVERS=str(servers),
-                    PYCOLLECTIVE_ROLE="server" if local_rank >= nprocs else "worker",
-                )
+    world_size = nprocs * nnodes + servers
+    started: list[_Rank] = []
+    restart = 0
+
+    def spawn(rank: int, local_rank: int) -> _Rank:
+        child_env = dict(base_env)
+        child_env.update(secret_vars)
+        if servers:
             child_env.update(
-                RANK=str(rank),
-                WORLD_SIZE=str(nprocs * nnodes + servers),
-                LOCAL_RANK=str(local_rank),
-                LOCAL_WORLD_SIZE=str(nprocs + servers),
-                GROUP_RANK=str(node_rank),
-                GROUP_WORLD_SIZE=str(nnodes),
-                NODE_RANK=str(node_rank),
-                ROLE_RANK=str(rank),
-                ROLE_WORLD_SIZE=str(nprocs * nnodes + servers),
-                MASTER_ADDR=master_addr,
-                MASTER_PORT=str(master_port),
-                PYCOLLECTIVE_STORE_HOSTED="1",
-                PYTHONUNBUFFERED="1",
+                PYCOLLECTIVE_NUM_SERVERS=str(servers),
+                PYCOLLECTIVE_ROLE="server" if local_rank >= nprocs else "worker",
             )
+        if elastic is not None:
+            child_env["PYCOLLECTIVE_ELASTIC"] = f"{elastic[0]}:{elastic[1]}"
+        child_env.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_RANK=str(local_rank),
+            LOCAL_WORLD_SIZE=str(nprocs + servers),
+            GROUP_RANK=str(node_rank),
+            GROUP_WORLD_SIZE=str(nnodes),
+            NODE_RANK=str(node_rank),
+            ROLE_RANK=str(rank),
+            ROLE_WORLD_SIZE=str(world_size),
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+            PYCOLLECTIVE_STORE_HOSTED="1",
+            # torchelastic's names: the attempt, which also names this round's store keys
+            TORCHELASTIC_RESTART_COUNT=str(restart),
+            TORCHELASTIC_MAX_RESTARTS=str(max_restarts),
+            PYCOLLECTIVE_RESTART_COUNT=str(restart),
+            PYTHONUNBUFFERED="1",
+        )
+        proc = subprocess.Popen(
+            command,
+            env=child_env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # own process group: a killpg takes grandchildren
+            preexec_fn=preexec,
+        )
+        r = _Rank(rank, proc, local_rank)
+        started.append(r)
+        tag = f"[rank {rank}]: ".encode() if prefix else b""
+        assert proc.stdout is not None and proc.stderr is not None
+        for pipe, dest, tail in ((proc.stdout, out, None), (proc.stderr, err, r.stderr_tail)):
+            t = threading.Thread(target=_pump, args=(pipe, dest, tag, tail), daemon=True)
+            t.start()
+            r.readers.append(t)
+        return r
+
+    try:
+        while True:
+            ranks: list[_Rank] = []
             try:
-                proc = subprocess.Popen(
-                    command,
-                    env=child_env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,  # own process group: a killpg takes grandchildren
-                    preexec_fn=preexec,
-                )
+                for local_rank in range(nprocs + servers):
+                    ranks.append(spawn(node_rank * nprocs + local_rank, local_rank))
             except OSError as exc:
                 err.write(b"", f"pycollective run: cannot start {command[0]!r}: {exc}".encode())
                 return 127 if isinstance(exc, FileNotFoundError) else 126
-            r = _Rank(rank, proc)
-            tag = f"[rank {rank}]: ".encode() if prefix else b""
-            assert proc.stdout is not None and proc.stderr is not None
-            for pipe, dest, tail in ((proc.stdout, out, None), (proc.stderr, err, r.stderr_tail)):
-                t = threading.Thread(target=_pump, args=(pipe, dest, tag, tail), daemon=True)
-                t.start()
-                r.readers.append(t)
-            ranks.append(r)
-        return _supervise(ranks, grace, received, err)
+            job = _Job(
+                spawn, ranks, notice, grace, received, err,
+                elastic_min=elastic[0] if elastic else 0,
+                replacements=max_restarts if elastic else 0,
+                next_id=world_size,
+            )  # fmt: skip
+            status = job.supervise()
+            _reap(started)
+            if status == 0 or job.launcher_signal is not None or elastic is not None:
+                return status
+            if restart >= max_restarts:
+                if max_restarts:
+                    job.say(f"no restarts left (--max-restarts {max_restarts})")
+                return status
+            restart += 1
+            job.say(f"restarting every rank (restart {restart} of {max_restarts})")
     finally:
-        for r in ranks:
-            # Also reached when the launcher is interrupted by an exception: never leave
-            # a rank, or anything it started, behind.
-            _killpg(r.proc.pid, signal.SIGKILL)
-            if r.proc.poll() is None:
-                r.proc.wait()
-        until = time.monotonic() + 2.0
-        for r in ranks:
-            for t in r.readers:
-                t.join(timeout=max(0.0, until - time.monotonic()))
+        _reap(started)
         for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)  # type: ignore[arg-type]
 
 
-def _supervise(ranks: list[_Rank], grace: float, received: list[int], err: _Output) -> int:
-    first: _Rank | None = None
-    launcher_signal: int | None = None
-    kill_at: float | None = None
-    handled = 0
-    while True:
-        running = []
-        failed_now = []
-        for r in ranks:
-            if r.returncode is None:
-                r.returncode = r.proc.poll()
-                if r.returncode is None:
-                    running.append(r)
-                elif r.returncode != 0:
-                    failed_now.append(r)
-        if failed_now and first is None and launcher_signal is None:
-            # Several found dead in one look: a rank killed by a signal is likelier the
-            # cause than one that exited with an error (often the others' reaction to it).
-            first = min(failed_now, key=lambda x: ((x.returncode or 0) >= 0, x.rank))
-            others = [o for o in ranks if o is not first and o.proc.poll() is None]
-            if others:
-                err.write(
-                    b"",
-                    f"pycollective run: rank {first.rank} "
-                    f"{describe_exit(first.returncode or 0)}; "
-                    f"stopping the other ranks (grace {grace:g} s)".encode(),
-                )
-            for other in others:
-                _killpg(other.proc.pid, signal.SIGTERM)
-            kill_at = time.monotonic() + grace
-        while handled < len(received):
-            sig = received[handled]
-            handled += 1
-            if launcher_signal is None:
-                launcher_signal = sig
-                kill_at = kill_at or time.monotonic() + grace
-                for r in running:
-                    _killpg(r.proc.pid, sig)
-            else:  # a second signal: the user does not want to wait
-                kill_at = time.monotonic()
-        if not running:
-            break
-        if kill_at is not None and time.monotonic() >= kill_at:
-            for r in running:
-                _killpg(r.proc.pid, signal.SIGKILL)
-            kill_at = None  # SIGKILL cannot be ignored: just reap
-        time.sleep(_POLL)
-
+def _reap(ranks: list[_Rank]) -> None:
+    """Kill what is left of `ranks` and wait for their output. Also reached when the
+    launcher is interrupted by an exception: never leave a rank, or anything it started,
+    behind."""
     for r in ranks:
-        _killpg(r.proc.pid, signal.SIGKILL)  # what the ranks left running would hold the pipes
+        _killpg(r.proc.pid, signal.SIGKILL)
+        if r.proc.poll() is None:
+            r.proc.wait()
     until = time.monotonic() + 2.0
     for r in ranks:
         for t in r.readers:
-            t.join(timeout=max(0.0, until - time.monotonic()))  # so the stderr tail is complete
-    if launcher_signal is not None:
-        err.write(b"", f"pycollective run: stopped by {_signal_name(launcher_signal)}".encode())
-        return 128 + launcher_signal
-    if first is None:
-        return 0
-    assert first.returncode is not None
-    how = describe_exit(first.returncode)
-    lines = [f"pycollective run: rank {first.rank} {how} (the first rank to fail)"]
-    if first.stderr_tail:
-        lines.append(f"pycollective run: last lines of rank {first.rank}'s stderr:")
-        lines.extend("    " + b.decode("utf-8", "replace").rstrip("\n") for b in first.stderr_tail)
-    others = [
-        f"rank {r.rank} {describe_exit(r.returncode)}"
-        for r in ranks
-        if r is not first and r.returncode not in (None, 0)
-    ]
-    if others:
-        lines.append("pycollective run: then " + ", ".join(others))
-    err.write(b"", "\n".join(lines).encode())
-    return _exit_code(first.returncode)
+            t.join(timeout=max(0.0, until - time.monotonic()))
+    ranks.clear()
+
+
+def _min_max(text: str) -> tuple[int, int]:
+    lo, sep, hi = text.partition(":")
+    try:
+        pair = (int(lo), int(hi if sep else lo))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN:MAX (two integers), got {text!r}") from None
+    if not 1 <= pair[0] <= pair[1]:
+        raise argparse.ArgumentTypeError(f"expected 1 <= MIN <= MAX, got {text!r}")
+    return pair
 
 
 # torchrun's default port for --rdzv-endpoint HOST without one.
@@ -493,8 +667,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also start S parameter servers after the N workers (see pycollective.ps)",
     )  # fmt: skip
     parser.add_argument(
+        "--notice", type=float, default=2.0, metavar="SECONDS",
+        help="after a rank fails, seconds the others get to exit on their own before any "
+        "signal (default 2)",
+    )  # fmt: skip
+    parser.add_argument(
         "--grace", type=float, default=5.0,
-        help="seconds the other ranks get to exit after one fails, before SIGKILL (default 5)",
+        help="seconds between SIGTERM and SIGKILL when the ranks are stopped (default 5)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-restarts", "--max_restarts", type=int, default=0, metavar="K",
+        help="start every rank again after a failure, up to K times (torchrun's meaning); "
+        "with --elastic, the number of replacement ranks (default 0)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--elastic", type=_min_max, default=None, metavar="MIN:MAX",
+        help="in-job recovery (pycollective.elastic): a lost rank does not stop the job "
+        "while MIN ranks run; members may be MAX at most",
     )  # fmt: skip
     parser.add_argument(
         "--no-prefix", dest="prefix", action="store_false",
@@ -583,6 +772,9 @@ def resolve_options(args: argparse.Namespace) -> dict:
         prefix=args.prefix,
         grace=args.grace,
         servers=args.servers,
+        notice=args.notice,
+        max_restarts=args.max_restarts,
+        elastic=args.elastic,
     )
 
 
