@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import _deepspeed
 import numpy as np
 
 from pycollective.cli import bench_worker as bw
@@ -77,6 +78,8 @@ class Mpi:
 def make_backend(name: str, spec: dict) -> Any:
     if name == "openmpi":
         return Mpi(name, spec)
+    if name == "deepspeed":  # only in the DeepSpeed venv's Python (compare_peers.py)
+        return _deepspeed.DeepSpeed(name, spec)
     if name == "gloo":
         return bw._Gloo(name, spec)
     return bw._Ours(name, spec)  # "shm" (the default group, shared memory) or "tcp"
@@ -107,6 +110,8 @@ def main(argv: list[str]) -> int:
             meta = {"transport_env": os.environ.get("PYCOLLECTIVE_TRANSPORT", "auto")}
             if "openmpi" in backends:
                 meta["mpi_library"] = backends["openmpi"].library()
+            if "deepspeed" in backends:
+                meta["deepspeed"] = backends["deepspeed"].library()
             print("META " + json.dumps(meta), flush=True)
         for collective, sizes in spec["plan"]:
             bw.run(backends, dict(spec, collectives=[collective], sizes=sizes))

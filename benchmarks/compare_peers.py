@@ -51,6 +51,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import _deepspeed
 import numpy as np
 
 from pycollective._netutil import free_port
@@ -63,11 +64,12 @@ DEFAULT_JSON = HERE / "results" / "compare_peers.json"
 APT = ("openmpi-bin", "libopenmpi-dev")
 
 # Columns of every table: (key, how a job's record is recognised: transport, algorithm).
-COLUMNS = ("pycollective", "gloo", "openmpi", "openmpi_in_place")
+COLUMNS = ("pycollective", "gloo", "openmpi", "openmpi_in_place", "deepspeed")
 _COLUMN_OF = {
     ("gloo", "gloo"): "gloo",
     ("openmpi", "out_of_place"): "openmpi",
     ("openmpi", "in_place"): "openmpi_in_place",
+    ("deepspeed", "shm"): "deepspeed",
 }
 
 
@@ -81,6 +83,7 @@ class Job:
     env: dict[str, str | None] = field(default_factory=dict)
     mpi_args: tuple[str, ...] = ()
     headers: dict[str, str] = field(default_factory=dict)
+    deepspeed: bool = False  # DeepSpeed's shm all-reduce takes part (in its venv's Python)
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -212,7 +215,7 @@ def _display(cmd: list[str]) -> str:
     """The command as a reader would type it (no paths of this machine)."""
     out = []
     for c in cmd:
-        if c == sys.executable:
+        if c in (sys.executable, str(_deepspeed.python())):
             out.append("python")
         elif c.startswith("{"):
             out.append("SPEC")
@@ -233,10 +236,12 @@ def job_command(
     extra: Sequence[str] = (),
 ) -> list[str]:
     """The command that starts the job's ranks: mpirun when OpenMPI takes part, else our
-    launcher. Adds what mpirun's ranks need to `env`."""
-    worker = [sys.executable, str(WORKER), spec]
+    launcher. Adds what mpirun's ranks need to `env`. With DeepSpeed, the ranks run its
+    venv's Python (which has pycollective, torch and mpi4py too)."""
+    python = str(_deepspeed.python()) if "deepspeed" in backends else sys.executable
+    worker = [python, str(WORKER), spec]
     if mpirun is None or "openmpi" not in backends:
-        return [sys.executable, "-m", "pycollective", "run", "-n", str(job.ranks), *worker]
+        return [python, "-m", "pycollective", "run", "-n", str(job.ranks), *worker]
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     cmd = [mpirun, "-n", str(job.ranks)]
     if _is_root():
@@ -394,6 +399,7 @@ def build_rows(job: Job, result: dict) -> list[dict]:
         row["vs_gloo"] = _ratio(cols["gloo"], cols["pycollective"])
         mpi = cols["openmpi_in_place"] or cols["openmpi"]
         row["vs_openmpi"] = _ratio(mpi, cols["pycollective"])
+        row["vs_deepspeed"] = _ratio(cols["deepspeed"], cols["pycollective"])
         if row["collective"] == "all_reduce":
             row["vs_openmpi_out_of_place"] = _ratio(cols["openmpi"], cols["pycollective"])
     return list(rows.values())
@@ -422,15 +428,17 @@ def _x(v: float | None) -> str:
 
 
 def markdown_table(job: Job, rows: list[dict], skipped: dict[str, str]) -> list[str]:
-    heads = [job.headers.get(c, c) for c in COLUMNS]
+    columns = [c for c in COLUMNS if c != "deepspeed" or job.deepspeed]
+    heads = [job.headers.get(c, c) for c in columns]
+    vs = " | vs DeepSpeed" if job.deepspeed else ""
     lines = [
         f"**{job.title}**",
         "",
-        "| collective | size | " + " | ".join(heads) + " | vs gloo | vs OpenMPI |",
-        "|---|--:|" + "--:|" * len(COLUMNS) + "--:|--:|",
+        "| collective | size | " + " | ".join(heads) + f" | vs gloo | vs OpenMPI{vs} |",
+        "|---|--:|" + "--:|" * len(columns) + "--:|--:|" + ("--:|" if vs else ""),
     ]
     for row in rows:
-        cells = [_cell(row["columns"][c], row["bytes"]) for c in COLUMNS]
+        cells = [_cell(row["columns"][c], row["bytes"]) for c in columns]
         ours = row["columns"]["pycollective"]
         if job.ours == "tcp" and ours and ours.get("ran"):
             cells[0] += f" ({ours['ran']})"  # the algorithm auto chose
@@ -438,6 +446,7 @@ def markdown_table(job: Job, rows: list[dict], skipped: dict[str, str]) -> list[
             f"| {row['collective']} | {human(row['bytes'])} | "
             + " | ".join(cells)
             + f" | {_x(row['vs_gloo'])} | {_x(row['vs_openmpi'])} |"
+            + (f" {_x(row['vs_deepspeed'])} |" if vs else "")
         )
     for backend, why in skipped.items():
         lines.append(f"\n{backend} left out: {why}")
@@ -612,6 +621,7 @@ def plan_jobs(args: argparse.Namespace) -> list[Job]:
             "pycollective": "pycollective",
             "gloo": "gloo",
             "openmpi": "OpenMPI",
+            "deepspeed": "DeepSpeed",
             **job.headers,
         }
     wanted = args.jobs.split(",")
@@ -676,6 +686,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--no-openmpi", action="store_true", help="leave OpenMPI out")
     p.add_argument(
+        "--no-deepspeed",
+        action="store_true",
+        help="leave DeepSpeed out (else its venv is built under benchmarks/ when missing)",
+    )
+    p.add_argument(
         "--mpirun-args",
         default="",
         help="more mpirun options, e.g. '--bind-to none' (default: mpirun's own defaults)",
@@ -713,9 +728,19 @@ def main(argv: list[str] | None = None) -> int:
     why = gloo_missing()
     if why:
         skipped["gloo"] = why
+    if args.no_deepspeed:
+        skipped["deepspeed"] = "--no-deepspeed"
+    elif "gloo" in skipped:
+        skipped["deepspeed"] = "it joins gloo's torch.distributed group, and gloo is left out"
+    else:
+        _, why = _deepspeed.ensure(not args.no_install)
+        if why:
+            skipped["deepspeed"] = why
     for name, reason in skipped.items():
         print(f"# {name} left out: {reason}", flush=True)
     backends_all = [b for b in ("gloo", "openmpi") if b not in skipped]
+    for job in jobs:  # DeepSpeed's shm all-reduce: the shared-memory job (p ranks, p cores)
+        job.deepspeed = job.name == "shm" and "deepspeed" not in skipped
 
     load_before = os.getloadavg()
     sampler = LoadSampler()
@@ -723,7 +748,8 @@ def main(argv: list[str] | None = None) -> int:
     results, rows = [], []
     try:
         for job in jobs:
-            res = run_job(job, [job.ours, *backends_all], mpirun, args)
+            extra = ["deepspeed"] if job.deepspeed else []
+            res = run_job(job, [job.ours, *backends_all, *extra], mpirun, args)
             res["skipped"] = skipped
             results.append(res)
             rows += build_rows(job, res)
@@ -737,12 +763,19 @@ def main(argv: list[str] | None = None) -> int:
     mpi_lib = next(
         (r["meta"].get("mpi_library") for r in results if r["meta"].get("mpi_library")), None
     )
+    ds_lib = next((r["meta"].get("deepspeed") for r in results if r["meta"].get("deepspeed")), None)
     md = [
         f"Measured {when} on {facts['cores']} cores ({facts['cpu'] or 'unknown CPU'}), "
         f"1-minute load average {load_before[0]:.2f} before, {min(during):.2f} to "
         f"{max(during):.2f} during the run (its own ranks add about 2), {load_after[0]:.2f} after; "
         f"float32, median of >= {args.min_reps} repetitions; torch {facts['torch']} (gloo), "
-        f"{mpi_lib or 'OpenMPI not measured'}, mpi4py {facts['mpi4py']}; commit "
+        f"{mpi_lib or 'OpenMPI not measured'}, mpi4py {facts['mpi4py']}"
+        + (
+            f", {ds_lib} (torch.ops.deepspeed.inference_all_reduce_, DS_ACCELERATOR=cpu)"
+            if ds_lib
+            else ""
+        )
+        + "; commit "
         f"{facts['commit']}.",
         f"One core of numpy: memcpy {limits['memcpy_GBps']:.3g} GB/s, add "
         f"{limits['add_GBps']:.3g} GB/s ({human(limits['bytes'])} float32).",
@@ -774,6 +807,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average": {"before": load_before, "during_1min": during, "after": load_after},
         "numpy_one_core": limits,
         "mpi_library": mpi_lib,
+        "deepspeed": ds_lib,
         "settings": {
             k: v for k, v in vars(args).items() if k not in ("json", "markdown", "readme")
         },
