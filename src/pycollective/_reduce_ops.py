@@ -50,14 +50,17 @@ BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 
 
 def to_reduce_op(op: object) -> ReduceOp:
-    """Accept our ReduceOp, torch's ReduceOp (or its RedOpType), or a name like "sum"."""
+    """Accept our ReduceOp or torch's ReduceOp (or its RedOpType). A string such as "sum"
+    or a bare int is refused, as torch.distributed refuses them: code that passed ours
+    would fail under torch."""
     if isinstance(op, ReduceOp):
         return op
-    if isinstance(op, str):
-        try:
-            return ReduceOp[op.upper()]
-        except KeyError:
-            raise UsageError(f"unknown reduce op {op!r}") from None
+    if isinstance(op, (str, int)) and not hasattr(op, "name"):
+        hint = f"ReduceOp.{op.upper()}" if isinstance(op, str) else "ReduceOp.SUM"
+        raise UsageError(
+            f"op must be a ReduceOp (e.g. {hint}), not {type(op).__name__} {op!r}; "
+            f"one of {[o.name for o in ReduceOp]} (torch.distributed refuses it too)"
+        )
     name = getattr(op, "name", None)  # torch.distributed.ReduceOp.RedOpType members
     if name is None:
         text = str(op)  # e.g. "RedOpType.SUM" or "ReduceOp.SUM"

@@ -98,6 +98,7 @@ def test_describe_names_the_collective_its_op_and_algorithm():
     ring = _wire.ALGO_CODE["ring"]
     text = _data(op=3, algo=ring).describe()
     assert text.startswith("all_reduce(#1") and "op=MAX" in text and "algorithm=ring" in text
+    assert "root=" not in text  # an all_reduce has no root: none is shown
     bc = _data(kind=_wire.KIND_CODE["broadcast"], root=2).describe()
     assert "broadcast(" in bc and "root=2" in bc and "op=" not in bc
     p2p = Header(_wire.P2P, 10, 0, 0, 0, GROUP, 0, 3, 0, 0, 8).describe()
@@ -207,9 +208,10 @@ def test_stale_frame_of_an_earlier_collective_is_a_mismatch(pair):
     """Rank 1 sent a frame in collective #1 that rank 0 never asked for (rank 0's #1 only
     sent): at rank 0's next collective it must not sit unread while the ranks go on."""
     t, raw = pair
-    t.exchange([_send(1, _data(seq=1))], [], _soon(), GROUP)  # our #1: send only
+    bc = _wire.KIND_CODE["broadcast"]
+    t.exchange([_send(1, _data(seq=1, kind=bc))], [], _soon(), GROUP)  # our #1: send only
     raw.recv(1 << 16)
-    raw.sendall(_data(seq=1, root=1).pack() + bytes(16))  # theirs: a different #1
+    raw.sendall(_data(seq=1, kind=bc, root=1).pack() + bytes(16))  # theirs: another root
     t.check_group(GROUP, 2)  # reads it (into the stash) without waiting
     with pytest.raises(MismatchError, match="root differ"):
         t.exchange([_send(1, _data(seq=2))], [_recv(1, _data(seq=2))], _soon(), GROUP)
@@ -220,9 +222,10 @@ def test_stale_frame_is_a_mismatch_even_when_the_next_call_runs_in_the_arena(pai
     """As above, but rank 0's next collective never touches TCP (the shared-memory arena):
     the check before it must find the frame, naming what each rank called in #1."""
     t, raw = pair
-    t.exchange([_send(1, _data(seq=1))], [], _soon(), GROUP)  # our #1: send only
+    bc = _wire.KIND_CODE["broadcast"]
+    t.exchange([_send(1, _data(seq=1, kind=bc))], [], _soon(), GROUP)  # our #1: send only
     raw.recv(1 << 16)
-    raw.sendall(_data(seq=1, root=1).pack() + bytes(16))  # theirs: a different #1
+    raw.sendall(_data(seq=1, kind=bc, root=1).pack() + bytes(16))  # theirs: another root
     deadline = time.monotonic() + 5
     with pytest.raises(MismatchError, match="root differ") as info:
         while time.monotonic() < deadline:  # until the frame has arrived and been read

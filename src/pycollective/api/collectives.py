@@ -496,7 +496,15 @@ def barrier(
     device_ids: Any = None,
     algorithm: str | None = None,
 ) -> Work | None:
-    """Block until every rank of the group has entered the barrier."""
+    """Block until every rank of the group has entered the barrier. `device_ids`, as in
+    torch, is a list of one device id; on CPUs there is nothing to bind, so it is only
+    checked (torch takes the first id; a non-list or an empty list is an error here)."""
+    if device_ids is not None and (
+        not isinstance(device_ids, list)
+        or not device_ids
+        or not all(isinstance(d, int) and not isinstance(d, bool) for d in device_ids)
+    ):
+        raise UsageError(f"device_ids must be a list of one device id (int), got {device_ids!r}")
     g = _group(group)
     if not g.is_member:
         return None

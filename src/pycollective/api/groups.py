@@ -5,6 +5,7 @@ group they create lives in _default.py."""
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,6 +56,17 @@ def _check_backend(backend: Any) -> str:
     return "pycollective"
 
 
+def _check_device_id(device_id: Any, where: str) -> None:
+    """torch binds a group to an accelerator with device_id= and, on a build without one,
+    refuses every value (a ValueError); so does pycollective, which runs on CPUs only."""
+    if device_id is not None:
+        raise UsageError(
+            f"{where}(device_id={device_id!r}) binds the group to an accelerator, but "
+            "pycollective runs on CPUs: leave device_id out (torch refuses it too without "
+            "an accelerator)"
+        )
+
+
 def init_process_group(
     backend: Any = None,
     init_method: str | None = None,
@@ -71,6 +83,7 @@ def init_process_group(
     With no arguments, reads the launcher's environment (pycollective run, torchrun,
     mpirun, srun, PMI). With none of those and no arguments, the process is a world of one.
     """
+    _check_device_id(device_id, "init_process_group")
     with DEFAULT.lock:
         if DEFAULT.world is not None:
             raise UsageError(
@@ -169,13 +182,71 @@ def is_available() -> bool:
     return True
 
 
+def is_backend_available(backend: str) -> bool:
+    """Whether init_process_group(backend) works: every CPU name (gloo, mpi, pycollective,
+    auto) runs on pycollective; GPU ones (nccl, ucc, xccl) do not."""
+    try:
+        _check_backend(backend)
+    except UsageError:
+        return False
+    return True
+
+
+def is_gloo_available() -> bool:
+    """True: backend="gloo" runs on pycollective (drop-in code picks gloo on CPUs)."""
+    return True
+
+
+def is_mpi_available() -> bool:
+    """True: backend="mpi" runs on pycollective, started by mpirun or any other launcher."""
+    return True
+
+
+def is_nccl_available() -> bool:
+    return False
+
+
+def is_ucc_available() -> bool:
+    return False
+
+
+def is_xccl_available() -> bool:
+    return False
+
+
+def is_torchelastic_launched() -> bool:
+    """Whether torchrun (torch.distributed.elastic) started this process, as torch tells:
+    its agent sets TORCHELASTIC_RUN_ID. `pycollective run` is not torchelastic."""
+    return os.environ.get("TORCHELASTIC_RUN_ID") is not None
+
+
+def get_node_local_rank(fallback_rank: int | None = None) -> int:
+    """This process's rank on its node: LOCAL_RANK (torchrun, pycollective run), else the
+    local rank of another launcher that init_process_group understands (mpirun, srun,
+    PMI), else `fallback_rank`; RuntimeError without any of them, as in torch."""
+    if "LOCAL_RANK" in os.environ:
+        return int(os.environ["LOCAL_RANK"])
+    env = _launch_env.detect()
+    if env.launcher != "none":
+        return env.local_rank
+    if fallback_rank is not None:
+        return int(fallback_rank)
+    raise RuntimeError(
+        "LOCAL_RANK is not in the environment and no launcher was detected: start the "
+        "program with a launcher (pycollective run, torchrun, mpirun, srun) or pass "
+        "fallback_rank= to get_node_local_rank"
+    )
+
+
 def get_rank(group: ProcessGroup | None = None) -> int:
     """This process's rank in `group` (-1 if it is not a member)."""
     return resolve_group(group).rank()
 
 
 def get_world_size(group: ProcessGroup | None = None) -> int:
-    return resolve_group(group).size()
+    """The number of ranks in `group` (-1 if this process is not a member, as in torch)."""
+    g = resolve_group(group)
+    return g.size() if g.is_member else -1
 
 
 def get_backend(group: ProcessGroup | None = None) -> str:
@@ -210,6 +281,7 @@ def new_group(
     ranks in the same order; a rank outside `ranks` gets a group it is not a member of."""
     world = resolve_group(None).world
     _check_backend(backend)
+    _check_device_id(device_id, "new_group")
     if ranks is None:
         members = tuple(range(world.size))
     else:

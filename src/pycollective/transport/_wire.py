@@ -41,6 +41,7 @@ KINDS = (
 KIND_CODE = {name: i + 1 for i, name in enumerate(KINDS)}
 KIND_NAME = {code: name for name, code in KIND_CODE.items()}
 _REDUCING = {KIND_CODE[k] for k in ("all_reduce", "reduce", "reduce_scatter")}
+_ROOTED = {KIND_CODE[k] for k in ("broadcast", "reduce", "gather", "scatter")}
 OP_NAMES = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG")  # ReduceOp's values
 # Algorithm codes on the wire (a frame names the algorithm its sender runs, so two ranks that
 # chose differently find out). Codes never change meaning: a new algorithm takes a new code.
@@ -98,12 +99,15 @@ class Header(NamedTuple):
                 f"send(tag={self.tag}, dtype={_dtypes.code_name(self.dtype)}, bytes={self.nbytes})"
             )
         algo = ALGO_NAME.get(self.algo, str(self.algo))
+        # Only what the call has: a root for rooted collectives (or one a peer set where
+        # none belongs), an op for reducing ones.
+        root = f"root={self.root}, " if self.kind in _ROOTED or self.root else ""
         op = ""
         if self.kind in _REDUCING:
             op = f"op={OP_NAMES[self.op] if self.op < len(OP_NAMES) else self.op}, "
         return (
             f"{kind}(#{self.seq}, dtype={_dtypes.code_name(self.dtype)}, count={self.count}, "
-            f"root={self.root}, {op}algorithm={algo})"
+            f"{root}{op}algorithm={algo})"
         )
 
 
