@@ -82,6 +82,23 @@ def kill(victim: int, n: int) -> None:
         )
 
 
+def kill_waiting(victim: int, n: int) -> None:
+    """The peers wait (in the arena, compiled or not) for a rank that is killed instead of
+    joining; each survivor reports the wall-clock time it raised, the victim when it died."""
+    if RANK == victim:
+        dist.barrier()
+        time.sleep(0.3)  # the others are in all_reduce by now, waiting for this rank
+        report(step="killed", error=None, elapsed=0.0, at=time.time())
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+    try:
+        dist.all_reduce(np.ones(n, np.float32))
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        report(step="call", error=type(exc).__name__, msg=str(exc), elapsed=0.0, at=time.time())
+        return
+    report(step="call", error=None, elapsed=0.0, at=time.time())
+
+
 def mixed() -> None:
     """Rank 0 runs an arena collective while the others run one over TCP."""
     if RANK == 0:
@@ -188,6 +205,9 @@ def main() -> None:
         info()
     elif scenario == "kill":
         kill(int(args[0]), int(args[1]))
+    elif scenario == "kill_waiting":
+        kill_waiting(int(args[0]), int(args[1]))
+        return  # the survivors exit without destroy (their peer is gone)
     elif scenario == "mixed":
         mixed()
     elif scenario == "never":

@@ -114,6 +114,31 @@ def test_killed_rank_reaches_every_survivor_within_two_seconds(nprocs, victim, c
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("nprocs,victim,count", [(2, 1, 1), (3, 2, 1 << 20)])
+def test_peers_waiting_for_a_killed_rank_raise_within_a_tenth_of_a_second(
+    nprocs, victim, count
+) -> None:
+    # They wait in the arena's wait (compiled unless PYCOLLECTIVE_NATIVE=0): it hands back
+    # to Python every millisecond, which sees the rank's TCP connection go.
+    results, steps = _job(
+        nprocs,
+        "kill_waiting",
+        str(victim),
+        str(count),
+        env={"PYCOLLECTIVE_TIMEOUT": "60", "PYCOLLECTIVE_TRANSPORT": "shm"},
+    )
+    killed_at = steps[victim]["killed"]["at"]
+    for r in results:
+        if r.rank == victim:
+            assert r.returncode == -9, describe(r)
+            continue
+        call = steps[r.rank]["call"]
+        assert call["error"] in ("TransportError", "CollectiveError"), describe(r)
+        assert f"rank {victim}" in call["msg"], describe(r)
+        assert call["at"] - killed_at < 0.1, (call["at"] - killed_at, describe(r))
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_arena_call_against_tcp_call_is_a_mismatch_on_every_rank(nprocs: int) -> None:
     results, steps = _job(nprocs, "mixed", env={"PYCOLLECTIVE_TIMEOUT": "20"})
