@@ -67,8 +67,9 @@ def test_a_string_or_int_op_is_refused_as_torch_refuses_it(alone):
 def test_init_device_id_is_refused_on_cpus_as_torch_does(alone, device_id):
     dev = device_id if isinstance(device_id, int) else torch.device(device_id)
     theirs = raises(
-        lambda: td.init_process_group("gloo", store=td.HashStore(), rank=0, world_size=1,
-                                      device_id=dev)  # fmt: skip
+        lambda: td.init_process_group(
+            "gloo", store=td.HashStore(), rank=0, world_size=1, device_id=dev
+        )  # fmt: skip
     )
     assert theirs is not None and issubclass(theirs, ValueError)
     with pytest.raises(ValueError, match="pycollective runs on CPUs: leave device_id out"):

@@ -711,7 +711,8 @@ def _nnodes(text: str) -> int:
     if sep and lo != hi:
         raise UsageError(
             f"--nnodes {text}: a range of node counts (torchrun's elastic MIN:MAX) is not "
-            "supported; give one number"
+            "supported; give one number (a varying number of ranks on one node: --elastic "
+            "MIN:MAX)"
         )
     try:
         return int(lo)
