@@ -69,7 +69,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    from pycollective.cli.simulate import parse_bytes
+    from pycollective._units import parse_size as parse_bytes
 
     sizes = [parse_bytes(s) for s in args.sizes.split(",")]
     if args.rank_worker:

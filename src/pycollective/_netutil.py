@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import ipaddress
+import logging
 import os
 import random
 import socket
 import struct
+import time
 
 from ._errors import UsageError
 
 _SIOCGIFADDR = 0x8915
+log = logging.getLogger("pycollective.net")
+# Failures that only mean "not listening yet": retried without a word in the log.
+_STARTING = (errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT, None)
 
 
 def is_loopback(host: str) -> bool:
@@ -73,3 +79,29 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError("no free port in 20000-32000")
+
+
+def connect_with_retry(
+    host: str, port: int, deadline: float | None, attempt_timeout: float = 5.0
+) -> socket.socket:
+    """A TCP connection to host:port, retried with a capped backoff (10 ms doubling to
+    0.5 s) while the other side may still be starting: refused, reset, unreachable or not
+    resolvable yet. `deadline` is a time.monotonic() value (None: no limit). Past it, the
+    last OSError is raised for the caller to turn into its own error (TransportError,
+    StoreError), naming what it was connecting to."""
+    delay = 0.01
+    while True:
+        remaining = None if deadline is None else deadline - time.monotonic()
+        timeout = (
+            attempt_timeout if remaining is None else max(0.1, min(remaining, attempt_timeout))
+        )
+        try:
+            return socket.create_connection((host, port), timeout=timeout)
+        except OSError as exc:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise
+            if exc.errno not in _STARTING:
+                log.debug("connect to %s:%s failed: %s; retrying", host, port, exc)
+            time.sleep(delay if remaining is None else min(delay, remaining))
+            delay = min(delay * 2, 0.5)

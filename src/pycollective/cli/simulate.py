@@ -23,6 +23,7 @@ import math
 import re
 import sys
 
+from .._units import human_bytes, size_arg
 from ..schedule import ALGORITHMS
 from ..schedule import cost as _cost
 from ..schedule import parameter_server as _ps
@@ -93,20 +94,8 @@ def parse_per_byte(text: str) -> float:
     return 1.0 / per_second
 
 
-def parse_bytes(text: str) -> int:
-    """'64MiB', '1GiB', '64M' (binary), '64MB' (decimal), '4096' -> bytes."""
-    m = re.fullmatch(_NUM + r"\s*(Ki|Mi|Gi|Ti|k|K|M|G|T)?(i?B)?", text.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 64MiB, 4KB, 4096)")
-    prefix, unit = m.group(2) or "", m.group(3) or ""
-    if prefix in _BIN or (prefix and not unit):
-        scale = _BIN.get(prefix, _BIN.get(prefix.upper() + "i", 1))
-    else:
-        scale = _SI[prefix]
-    value = float(m.group(1)) * scale
-    if value != int(value):
-        raise argparse.ArgumentTypeError(f"not a whole number of bytes: {text!r}")
-    return int(value)
+# Sizes: one rule for every command (pycollective._units: K, KB and KiB all mean 1024).
+parse_bytes = size_arg
 
 
 def _list_of(parse, what: str):
@@ -134,13 +123,6 @@ def human_time(t: float) -> str:
         if t >= scale:
             return f"{t / scale:.3g} {unit}"
     return f"{t / 1e-6:.3g} us"
-
-
-def human_bytes(n: float) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:g} {unit}"
-    return f"{int(n)} B"
 
 
 def human_rate(per_byte: float) -> str:

@@ -37,6 +37,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .._units import human_bytes
 from .flight import Entry, job_id
 
 log = logging.getLogger("pycollective")
@@ -238,13 +239,6 @@ def rank_files(template: str) -> list[str]:
 # ---------------------------------------------------------------------------- Chrome trace
 
 
-def _human(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes} B"
-
-
 def to_trace(events: Sequence[tuple], offset: float, meta: dict[str, Any]) -> dict[str, Any]:
     """Chrome trace events: per rank (pid) a name, per group (tid) a row, per operation an
     "X" (complete) event with ts and dur in microseconds of wall-clock time."""
@@ -320,7 +314,7 @@ def to_trace(events: Sequence[tuple], offset: float, meta: dict[str, Any]) -> di
         out.append(
             {
                 "ph": "X",
-                "name": f"{kind} {_human(nbytes)}",
+                "name": f"{kind} {human_bytes(nbytes)}",
                 "cat": kind,
                 "pid": rank,
                 "tid": tid,

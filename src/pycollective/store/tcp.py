@@ -20,6 +20,7 @@ from typing import NoReturn
 
 from .._auth import accept_handshake, connect_handshake, secret_from_env
 from .._errors import AuthenticationError, StoreError, UsageError
+from .._netutil import connect_with_retry
 from ._base import Store, Timeout, check_keys, encode_key, encode_value, timeout_error, to_seconds
 from ._memory import KVTable, StoreClosed
 from ._wire import (
@@ -361,24 +362,12 @@ class TCPStore(Store):
 
     def _connect(self, budget: float | None) -> socket.socket:
         deadline = None if budget is None else time.monotonic() + budget
-        delay = 0.01
-        last: OSError | None = None
-        while True:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise StoreError(
-                    f"could not connect to {self._where()} within {budget:g} s: {last}"
-                )
-            try:
-                sock = socket.create_connection(
-                    (self._host, self._port), timeout=min(remaining or 10.0, 10.0)
-                )
-                break
-            except OSError as exc:  # refused, unreachable, unresolvable yet: the server may be
-                last = exc  # starting up, so retry with a capped backoff.
-                pause = delay if remaining is None else min(delay, max(remaining, 0))
-                time.sleep(pause)
-                delay = min(delay * 2, 0.5)
+        try:  # refused, unreachable, unresolvable yet: the server may be starting up
+            sock = connect_with_retry(self._host, self._port, deadline, attempt_timeout=10.0)
+        except OSError as exc:
+            raise StoreError(
+                f"could not connect to {self._where()} within {budget:g} s: {exc}"
+            ) from None
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             remaining = None if deadline is None else deadline - time.monotonic()

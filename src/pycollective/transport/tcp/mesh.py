@@ -3,7 +3,6 @@ addresses exchanged through the rendezvous store."""
 
 from __future__ import annotations
 
-import errno
 import logging
 import queue
 import socket
@@ -13,6 +12,7 @@ import time
 
 from ... import _auth
 from ..._errors import AuthenticationError, CollectiveTimeout, TransportError
+from ..._netutil import connect_with_retry
 from .transport import TCPTransport
 
 log = logging.getLogger("pycollective.transport")
@@ -22,19 +22,10 @@ _PURPOSE = b"transport"
 
 
 def _connect_with_retry(host: str, port: int, deadline: float) -> socket.socket:
-    delay = 0.01
-    while True:
-        try:
-            remaining = max(0.1, deadline - time.monotonic())
-            sock = socket.create_connection((host, port), timeout=min(remaining, 5.0))
-            return sock
-        except OSError as exc:
-            if time.monotonic() + delay > deadline:
-                raise TransportError(f"could not connect to {host}:{port}: {exc}") from None
-            if exc.errno not in (errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT, None):
-                log.debug("connect to %s:%s failed: %s; retrying", host, port, exc)
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
+    try:
+        return connect_with_retry(host, port, deadline)
+    except OSError as exc:
+        raise TransportError(f"could not connect to {host}:{port}: {exc}") from None
 
 
 def _tune(sock: socket.socket) -> None:

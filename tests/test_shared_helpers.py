@@ -1,0 +1,77 @@
+"""The helpers every command shares: one size rule (pycollective._units) and one
+connect-with-retry (pycollective._netutil), used by the store and the transport alike."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import threading
+import time
+
+import pytest
+
+from pycollective import _netutil, _units
+from pycollective._errors import UsageError
+from pycollective.cli import simulate
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.mark.parametrize(
+    "text, nbytes",
+    [
+        ("4096", 4096), ("4 B", 4), ("64K", 64 << 10), ("64k", 64 << 10), ("64KB", 64 << 10),
+        ("64KiB", 64 << 10), ("64 kib", 64 << 10), ("1MB", 1 << 20), ("1M", 1 << 20),
+        ("1MiB", 1 << 20), ("1.5MB", 3 << 19), ("2G", 2 << 30), ("1TiB", 1 << 40),
+    ],
+)  # fmt: skip
+def test_one_binary_rule_for_every_spelling(text, nbytes):
+    assert _units.parse_size(text) == nbytes
+    assert simulate.parse_bytes(text) == nbytes  # simulate reads sizes as bench does
+
+
+@pytest.mark.parametrize("bad", ["", "MB", "1.5", "0.3KiB", "4 bytes", "-4", "1e"])
+def test_bad_sizes_say_what_is_accepted(bad):
+    with pytest.raises(UsageError, match="size|whole number"):
+        _units.parse_size(bad)
+    with pytest.raises(argparse.ArgumentTypeError):
+        _units.size_arg(bad)
+
+
+def test_human_sizes_round_trip():
+    for n in (0, 1, 4, 1023, 1024, 1536, 1 << 20, 256 << 20, 3 << 30):
+        assert _units.parse_size(_units.human_bytes(n)) == n
+    assert _units.human_bytes(256 << 10) == "256 KiB"
+    assert _units.human_bytes(12) == "12 B"
+
+
+def test_connect_with_retry_waits_for_a_late_listener():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def listen_later() -> None:
+        time.sleep(0.3)
+        srv.bind(("127.0.0.1", port))
+        srv.listen()
+
+    t = threading.Thread(target=listen_later)
+    t.start()
+    try:
+        sock = _netutil.connect_with_retry("127.0.0.1", port, time.monotonic() + 10)
+        sock.close()
+    finally:
+        t.join()
+        srv.close()
+
+
+def test_connect_with_retry_gives_up_at_the_deadline():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nobody listens here
+    t0 = time.monotonic()
+    with pytest.raises(OSError):
+        _netutil.connect_with_retry("127.0.0.1", port, time.monotonic() + 0.5)
+    assert time.monotonic() - t0 < 3
