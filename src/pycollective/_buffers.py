@@ -34,6 +34,37 @@ def _is_torch_tensor(obj: object) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
+class _TensorMemory:
+    """The bytes of a tensor, seen through numpy's array interface: `np.asarray` of it is a
+    view whose base keeps the tensor alive. Tensor.numpy() would do the same, but marks
+    the tensor's storage non-resizable for ever (FSDP then cannot free a flat parameter
+    with resize_(0)); a raw pointer leaves the storage alone."""
+
+    __slots__ = ("__array_interface__", "tensor")
+
+    def __init__(self, tensor: Any, nbytes: int) -> None:
+        self.tensor = tensor
+        self.__array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (tensor.data_ptr(), False),
+            "version": 3,
+        }
+
+
+_torch_dtypes: dict[Any, DType] = {}
+
+
+def _torch_dtype(torch: Any, dt: Any) -> DType | None:
+    if not _torch_dtypes:
+        for name in (
+            "float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
+            "uint8", "uint16", "uint32", "uint64", "bool", "complex64", "complex128",
+        ):  # fmt: skip
+            _torch_dtypes[getattr(torch, name)] = _dtypes.BY_NAME[name]
+    return _torch_dtypes.get(dt)
+
+
 def _torch_view(t: Any, what: str) -> tuple[np.ndarray, DType]:
     import torch
 
@@ -43,19 +74,19 @@ def _torch_view(t: Any, what: str) -> tuple[np.ndarray, DType]:
         raise UsageError(f"{what} must be a dense (strided) tensor, got layout {t.layout}")
     if not t.is_contiguous():
         raise UsageError(f"{what} must be contiguous (call .contiguous() first)")
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        raw = t.view(torch.int16).numpy().view(np.uint16)
-        dtype = _dtypes.BFLOAT16
-        return raw.view(dtype.numpy).reshape(-1), dtype
-    try:
-        arr = t.numpy()
-    except (TypeError, RuntimeError) as exc:
-        raise UsageError(f"{what} has dtype {t.dtype}, which pycollective cannot carry") from exc
-    dtype = _dtypes.from_numpy(arr.dtype)
+    if t.is_conj() or t.is_neg():
+        raise UsageError(
+            f"{what} has its conjugate or negative bit set (its memory does not hold its "
+            "values): call .resolve_conj() / .resolve_neg() first"
+        )
+    dtype = _torch_dtype(torch, t.dtype)
     if dtype is None:
         raise UsageError(f"{what} has dtype {t.dtype}, which pycollective cannot carry")
-    return arr.reshape(-1), dtype
+    n = t.numel()
+    if n == 0:
+        return np.empty(0, dtype.numpy), dtype
+    raw = np.asarray(_TensorMemory(t, n * dtype.itemsize))
+    return raw.view(dtype.numpy), dtype
 
 
 def as_buffer(obj: object, what: str = "tensor", writable: bool = True) -> Buffer:

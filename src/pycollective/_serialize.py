@@ -124,7 +124,8 @@ def _encode(obj: Any, out: bytearray, depth: int) -> None:
         _encode(name, out, depth + 1)
         out += obj.tobytes()
     elif _is_torch_tensor(obj):
-        _encode_array(b"x", obj.detach().cpu().numpy(), out)
+        # a copy: numpy() of the caller's own tensor would mark its storage non-resizable
+        _encode_array(b"x", obj.detach().cpu().clone().numpy(), out)
     else:
         raise UsageError(
             f"the pickle-free object serializer cannot carry {t.__name__} objects "
