@@ -8,10 +8,15 @@ simply not registered (`import pycollective.torch` shows the real error).
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 
 def load() -> None:
+    if sys.modules.get("pycollective.torch") is not None:
+        # `import pycollective.torch` is what imported torch: it registers the backend
+        # itself once its own import finishes (importing it here would find it half done).
+        return
     try:
         from pycollective.torch import register
 

@@ -14,16 +14,18 @@ exactly the group's ranks, so they pass straight through.
 from __future__ import annotations
 
 import datetime
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.distributed as tdist
+from torch._C._profiler import _RecordFunctionFast
 
 import torch
 
 from .. import _config, _launch_env
-from .._errors import UsageError
+from .._errors import CollectiveError, CollectiveTimeout, UsageError
 from ..api import collectives as _api
 from ..api import p2p as _p2p
 from ..core import rendezvous
@@ -42,14 +44,95 @@ _instances = itertools.count()
 _Issued = tuple[list["_OurWork | None"], "Callable[[], None] | None"]
 
 
-def _reduce_op(opts: Any) -> Any:
-    """torch's options carry a ReduceOp object; its RedOpType is what we translate."""
-    if opts is None:
-        return "sum"
-    op = getattr(opts.reduceOp, "op", opts.reduceOp)
+# torch's ProcessGroup methods each take several call forms (pybind overloads in torch's
+# C++ API): a list of tensors and an options struct, or a bare tensor with a ReduceOp /
+# RedOpType, an int root and a timeout. C++ callers (DDP's reducer, functional collectives)
+# use the first; Python code holding a group object uses any. Our methods replace torch's
+# on this subclass, so they accept every form; the helpers below read them.
+
+
+def _tensors(x: Any, what: str) -> list[torch.Tensor]:
+    """A tensor or a sequence of tensors, as a list."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return list(x)
+    raise UsageError(f"{what} must be a tensor or a list of tensors, got {type(x).__name__}")
+
+
+def _is_options(x: Any) -> bool:
+    return type(x).__name__.endswith("Options")
+
+
+def _op_of(x: Any) -> Any:
+    """The RedOpType of an options struct, a ReduceOp, a RedOpType, or None (SUM)."""
+    if x is None:
+        return tdist.ReduceOp.SUM
+    if hasattr(x, "reduceOp"):
+        x = x.reduceOp
+    op = getattr(x, "op", x)  # a ReduceOp object wraps its RedOpType
     if getattr(op, "name", "") == "PREMUL_SUM":
         raise UsageError("PREMUL_SUM is NCCL-only; the pycollective backend does not support it")
     return op
+
+
+def _timeout_of(*given: Any) -> float | None:
+    """A per-call timeout (seconds) from the first options struct or timedelta given;
+    None when unset."""
+    for x in given:
+        if x is not None and hasattr(x, "timeout"):
+            x = x.timeout
+        if isinstance(x, datetime.timedelta):
+            seconds = x.total_seconds()
+            return seconds if seconds > 0 else None  # torch's "unset" is -1 ms
+    return None
+
+
+def _root_of(x: Any, default: int = 0) -> int:
+    """An int root, or an options struct's rootRank."""
+    if x is None:
+        return default
+    if hasattr(x, "rootRank"):
+        return int(x.rootRank)
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise UsageError(f"root must be an int or an options struct, got {type(x).__name__}")
+    return int(x)
+
+
+def _flat_tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for item in x for t in _flat_tensors(item)]
+    return []
+
+
+def _profiled(
+    title: str, arg: int = 0
+) -> Callable[[Callable[..., TorchWork]], Callable[..., TorchWork]]:
+    """While torch's profiler records, each call is an asynchronous event named like
+    gloo's ("pycollective:all_reduce"), with the tensors of positional argument `arg` as
+    its inputs (as gloo records them), that ends when the operation completes."""
+
+    def wrap(method: Callable[..., TorchWork]) -> Callable[..., TorchWork]:
+        @functools.wraps(method)
+        def run(self: PycollectiveProcessGroup, *args: Any, **kwargs: Any) -> TorchWork:
+            if not torch.autograd._profiler_enabled():
+                return method(self, *args, **kwargs)
+            inputs = tuple(_flat_tensors(args[arg])) if len(args) > arg else ()
+            event = _RecordFunctionFast(f"{self._profile_name}:{title}", inputs, {})
+            event.__enter__()
+            try:
+                work = method(self, *args, **kwargs)
+            except BaseException:
+                event.__exit__(None, None, None)
+                raise
+            work._end_event_on_delivery(event)
+            return work
+
+        return run
+
+    return wrap
 
 
 def _pairs(outputs: Sequence[Any], inputs: Sequence[Any]) -> list[tuple[Any, Any]]:
@@ -69,6 +152,12 @@ def _join(parts: list[_Issued]) -> _Issued:
             f()
 
     return works, run
+
+
+def _dense_device(t: torch.Tensor, what: str) -> torch.Tensor:
+    if t.device.type != "cpu":
+        raise UsageError(f"{what} is on {t.device}; the pycollective backend is CPU only")
+    return t
 
 
 def _dense(t: torch.Tensor, what: str) -> torch.Tensor:
@@ -111,6 +200,8 @@ class _Staged:
 
 class PycollectiveProcessGroup(tdist.ProcessGroup):
     """torch.distributed.ProcessGroup over a pycollective World (CPU tensors)."""
+
+    _profile_name = BACKEND_NAME  # the prefix of its events in torch's profiler
 
     def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
         super().__init__(rank, size)
@@ -182,33 +273,89 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         works: Sequence[_OurWork | None],
         finish: Callable[[], None] | None,
         result: Any,
+        timeout: float | None = None,
     ) -> TorchWork:
-        return TorchWork([w for w in works if w is not None], result, finish)
+        return TorchWork([w for w in works if w is not None], result, finish, timeout)
 
     def _one(self, tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
         if len(tensors) != 1:
             raise UsageError(f"{op} takes exactly one tensor per process, got {len(tensors)}")
         return tensors[0]
 
+    # ------------------------------------------------------------------ sequence numbers
+
+    def _set_sequence_number_for_group(self) -> None:
+        """torch calls this on a new gloo/nccl group: ours number their calls from 0 on
+        every rank already."""
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self._pg._seq
+
     # ------------------------------------------------------------------ collectives
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
-        op = _reduce_op(opts)
+    @_profiled("all_reduce")
+    def allreduce(
+        self, tensors: Any, opts: Any = None, timeout: Any = None, *, op: Any = None
+    ) -> TorchWork:
+        """allreduce([t...], AllreduceOptions) | allreduce([t...] or t, op, timeout)."""
+        tensors = _tensors(tensors, "allreduce tensors")
+        rop = _op_of(op if op is not None else opts)
+        seconds = _timeout_of(opts, timeout)
+        if any(t.is_sparse for t in tensors):
+            return self._sparse_allreduce(tensors, rop, seconds)
         staged = _Staged()
         works = [
-            _api.all_reduce(staged.out(t, "allreduce tensor"), op, self._pg, async_op=True)
+            _api.all_reduce(staged.out(t, "allreduce tensor"), rop, self._pg, async_op=True)
             for t in tensors
         ]
-        return self._work(works, staged.finish(), tensors)
+        return self._work(works, staged.finish(), tensors, seconds)
 
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
+    def _sparse_allreduce(
+        self, tensors: list[torch.Tensor], op: Any, seconds: float | None
+    ) -> TorchWork:
+        """Sparse COO all-reduce as gloo does it: every rank's indices and values are
+        gathered, then summed and coalesced (so the result is the same on every rank)."""
+        if op != tdist.ReduceOp.SUM:
+            raise UsageError(f"sparse all_reduce supports SUM only, got {op}")
+        t = self._one(tensors, "sparse allreduce")
+        _dense_device(t, "sparse allreduce tensor")
+        if t.layout != torch.sparse_coo:
+            raise UsageError(f"sparse allreduce needs a sparse COO tensor, got {t.layout}")
+        mine = t.coalesce()
+        idx, val = mine.indices().contiguous(), mine.values().contiguous()
+        n = self.size()
+        nnz = torch.tensor([idx.shape[1]], dtype=torch.int64)
+        counts = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
+        _api.all_gather(counts, nnz, self._pg)
+        widest = max(int(c.item()) for c in counts)
+        # Equal shapes on every rank: pad to the largest nnz, then cut each rank's share.
+        idx_pad = idx.new_zeros((idx.shape[0], widest))
+        idx_pad[:, : idx.shape[1]] = idx
+        val_pad = val.new_zeros((widest, *val.shape[1:]))
+        val_pad[: val.shape[0]] = val
+        idx_all = [torch.empty_like(idx_pad) for _ in range(n)]
+        val_all = [torch.empty_like(val_pad) for _ in range(n)]
+        _api.all_gather(idx_all, idx_pad, self._pg)
+        _api.all_gather(val_all, val_pad, self._pg)
+        k = [int(c.item()) for c in counts]
+        total = torch.sparse_coo_tensor(
+            torch.cat([i[:, : k[r]] for r, i in enumerate(idx_all)], dim=1),
+            torch.cat([v[: k[r]] for r, v in enumerate(val_all)]),
+            t.shape,
+        ).coalesce()
+        t.copy_(total)  # in place, as gloo leaves it
+        return self._work([], None, [t], seconds)
+
+    @_profiled("all_reduce")
+    def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> TorchWork:
         """One all-reduce over the tensors laid end to end, then copied back."""
+        tensors = _tensors(tensors, "allreduce_coalesced tensors")
         if not tensors:
             return completed(tensors)
         dtypes = {t.dtype for t in tensors}
         if len(dtypes) != 1:
             raise UsageError(f"allreduce_coalesced needs one dtype, got {sorted(map(str, dtypes))}")
-        op = _reduce_op(opts)
+        op = _op_of(opts)
         flat = torch.cat([_dense(t, "allreduce tensor").reshape(-1) for t in tensors])
         work = _api.all_reduce(flat, op, self._pg, async_op=True)
 
@@ -219,36 +366,52 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
                 t.copy_(flat[offset : offset + n].view_as(t))
                 offset += n
 
-        return self._work([work], copy_back, tensors)
+        return self._work([work], copy_back, tensors, _timeout_of(opts))
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
-        root = opts.rootRank if opts is not None else 0
+    @_profiled("broadcast")
+    def broadcast(
+        self, tensors: Any, opts: Any = None, timeout: Any = None, *, root: Any = None
+    ) -> TorchWork:
+        """broadcast([t...], BroadcastOptions) | broadcast(t, root, timeout)."""
+        tensors = _tensors(tensors, "broadcast tensors")
+        src = _root_of(root if root is not None else opts)
         staged = _Staged()
         works = [
             _api.broadcast(
-                staged.out(t, "broadcast tensor"), group=self._pg, async_op=True, group_src=root
+                staged.out(t, "broadcast tensor"), group=self._pg, async_op=True, group_src=src
             )
             for t in tensors
         ]
-        return self._work(works, staged.finish(), tensors)
+        return self._work(works, staged.finish(), tensors, _timeout_of(opts, timeout))
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
-        root = opts.rootRank if opts is not None else 0
-        op = _reduce_op(opts)
+    @_profiled("reduce")
+    def reduce(
+        self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None,
+        *, root: Any = None,
+    ) -> TorchWork:  # fmt: skip
+        """reduce([t], ReduceOptions) | reduce(t, root, op, timeout)."""
+        tensors = _tensors(tensors, "reduce tensors")
+        if _is_options(opts):
+            dst, rop = _root_of(opts), _op_of(opts)
+        else:
+            dst, rop = _root_of(root if root is not None else opts), _op_of(op)
         staged = _Staged()
         t = staged.out(self._one(tensors, "reduce"), "reduce tensor")
-        work = _api.reduce(t, op=op, group=self._pg, async_op=True, group_dst=root)
-        return self._work([work], staged.finish(), tensors)
+        work = _api.reduce(t, op=rop, group=self._pg, async_op=True, group_dst=dst)
+        return self._work([work], staged.finish(), tensors, _timeout_of(opts, timeout))
 
+    @_profiled("all_gather", 1)
     def allgather(
-        self,
-        output_tensors: list[list[torch.Tensor]],
-        input_tensors: list[torch.Tensor],
-        opts: Any = None,
+        self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None
     ) -> TorchWork:
-        outs = self._one(output_tensors, "allgather")
-        inp = self._one(input_tensors, "allgather")
-        return self._work(*self._allgather_list(outs, inp), output_tensors)
+        """allgather([[out...]], [t], AllgatherOptions) | allgather([out...], t, timeout)."""
+        if isinstance(input_tensors, torch.Tensor):  # the single-tensor form
+            outs, inp = list(output_tensors), input_tensors
+        else:
+            outs = list(self._one(output_tensors, "allgather"))
+            inp = self._one(input_tensors, "allgather")
+        issued = self._allgather_list(outs, inp)
+        return self._work(*issued, output_tensors, _timeout_of(opts, timeout))
 
     def _allgather_list(self, outs: list[torch.Tensor], inp: torch.Tensor) -> _Issued:
         staged = _Staged()
@@ -256,10 +419,11 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         targets = [staged.out(o, "allgather output") for o in outs]
         return [_api.all_gather(targets, inp, self._pg, async_op=True)], staged.finish()
 
+    @_profiled("all_gather_into_tensor", 1)
     def _allgather_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> TorchWork:
-        return self._work(*self._allgather_flat(output, input), output)
+        return self._work(*self._allgather_flat(output, input), output, _timeout_of(opts))
 
     all_gather_single = _allgather_base
 
@@ -269,101 +433,138 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         inp = staged.inp(input, "all_gather_into_tensor input")
         return [_api.all_gather_into_tensor(out, inp, self._pg, async_op=True)], staged.finish()
 
+    @_profiled("all_gather", 1)
     def allgather_coalesced(
-        self,
-        output_lists: list[list[torch.Tensor]],
-        input_list: list[torch.Tensor],
-        opts: Any = None,
+        self, output_lists: Any, input_list: Any, opts: Any = None
     ) -> TorchWork:
-        parts = [self._allgather_list(o, i) for o, i in _pairs(output_lists, input_list)]
-        return self._work(*_join(parts), output_lists)
+        """output_lists[r][j] receives rank r's input_list[j] (torch's all_gather_coalesced
+        layout: one list per rank, each as long as the inputs)."""
+        inputs = _tensors(input_list, "allgather_coalesced inputs")
+        lists = [list(o) for o in output_lists]
+        if len(lists) != self.size():
+            raise UsageError(
+                f"allgather_coalesced needs one output list per rank ({self.size()}), "
+                f"got {len(lists)}"
+            )
+        for r, o in enumerate(lists):
+            if len(o) != len(inputs):
+                raise UsageError(
+                    f"allgather_coalesced: output list {r} has {len(o)} tensors for "
+                    f"{len(inputs)} inputs"
+                )
+        parts = [
+            self._allgather_list([lists[r][j] for r in range(self.size())], inp)
+            for j, inp in enumerate(inputs)
+        ]
+        return self._work(*_join(parts), output_lists, _timeout_of(opts))
 
+    @_profiled("all_gather_into_tensor_coalesced", 1)
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> TorchWork:
         parts = [self._allgather_flat(o, i) for o, i in _pairs(outputs, inputs)]
-        return self._work(*_join(parts), outputs)
+        return self._work(*_join(parts), outputs, _timeout_of(opts))
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
+    @_profiled("reduce_scatter")
     def reduce_scatter(
-        self,
-        output_tensors: list[torch.Tensor],
-        input_tensors: list[list[torch.Tensor]],
-        opts: Any = None,
-    ) -> TorchWork:
-        op = _reduce_op(opts)
+        self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None,
+        *, op: Any = None,
+    ) -> TorchWork:  # fmt: skip
+        """reduce_scatter([out], [[in...]], ReduceScatterOptions) |
+        reduce_scatter(out, [in...], op, timeout)."""
+        if isinstance(output_tensors, torch.Tensor):  # the single-tensor form
+            out_t, ins_t = output_tensors, list(input_tensors)
+        else:
+            out_t = self._one(output_tensors, "reduce_scatter")
+            ins_t = list(self._one(input_tensors, "reduce_scatter"))
+        rop = _op_of(op if op is not None else opts)
         staged = _Staged()
-        out = staged.out(self._one(output_tensors, "reduce_scatter"), "reduce_scatter output")
-        ins = [staged.inp(t, "reduce_scatter input") for t in self._one(input_tensors, "rs")]
-        work = _api.reduce_scatter(out, ins, op, self._pg, async_op=True)
-        return self._work([work], staged.finish(), output_tensors)
+        out = staged.out(out_t, "reduce_scatter output")
+        ins = [staged.inp(t, "reduce_scatter input") for t in ins_t]
+        work = _api.reduce_scatter(out, ins, rop, self._pg, async_op=True)
+        return self._work([work], staged.finish(), output_tensors, _timeout_of(opts, timeout))
 
+    @_profiled("reduce_scatter_tensor")
     def _reduce_scatter_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> TorchWork:
-        return self._work(*self._reduce_scatter_flat(output, input, opts), output)
+        issued = self._reduce_scatter_flat(output, input, opts)
+        return self._work(*issued, output, _timeout_of(opts))
 
     reduce_scatter_single = _reduce_scatter_base
 
     def _reduce_scatter_flat(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> _Issued:
-        op = _reduce_op(opts)
+        op = _op_of(opts)
         staged = _Staged()
         out = staged.out(output, "reduce_scatter_tensor output")
         inp = staged.inp(input, "reduce_scatter_tensor input")
         work = _api.reduce_scatter_tensor(out, inp, op, self._pg, async_op=True)
         return [work], staged.finish()
 
+    @_profiled("reduce_scatter_tensor_coalesced")
     def reduce_scatter_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> TorchWork:
         parts = [self._reduce_scatter_flat(o, i, opts) for o, i in _pairs(outputs, inputs)]
-        return self._work(*_join(parts), outputs)
+        return self._work(*_join(parts), outputs, _timeout_of(opts))
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
+    @_profiled("gather", 1)
     def gather(
-        self,
-        output_tensors: list[list[torch.Tensor]],
-        input_tensors: list[torch.Tensor],
-        opts: Any = None,
+        self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None
     ) -> TorchWork:
-        root = opts.rootRank if opts is not None else 0
+        """gather([[out...]] on the root, [t], GatherOptions) |
+        gather([out...], t, root, timeout)."""
+        if isinstance(input_tensors, torch.Tensor):  # the single-tensor form
+            inp_t, dst = input_tensors, _root_of(opts)
+            outs_t = list(output_tensors) if self.rank() == dst else None
+            seconds = _timeout_of(timeout)
+        else:
+            inp_t, dst = self._one(input_tensors, "gather"), _root_of(opts)
+            outs_t = list(self._one(output_tensors, "gather")) if self.rank() == dst else None
+            seconds = _timeout_of(opts)
         staged = _Staged()
-        inp = staged.inp(self._one(input_tensors, "gather"), "gather input")
-        outs = None
-        if self.rank() == root:
-            outs = [staged.out(o, "gather output") for o in self._one(output_tensors, "gather")]
-        work = _api.gather(inp, outs, group=self._pg, async_op=True, group_dst=root)
-        return self._work([work], staged.finish(), output_tensors)
+        inp = staged.inp(inp_t, "gather input")
+        outs = None if outs_t is None else [staged.out(o, "gather output") for o in outs_t]
+        work = _api.gather(inp, outs, group=self._pg, async_op=True, group_dst=dst)
+        return self._work([work], staged.finish(), output_tensors, seconds)
 
+    @_profiled("scatter", 1)
     def scatter(
-        self,
-        output_tensors: list[torch.Tensor],
-        input_tensors: list[list[torch.Tensor]],
-        opts: Any = None,
+        self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None
     ) -> TorchWork:
-        root = opts.rootRank if opts is not None else 0
+        """scatter([out], [[in...]] on the root, ScatterOptions) |
+        scatter(out, [in...], root, timeout)."""
+        src = _root_of(opts)
+        if isinstance(output_tensors, torch.Tensor):  # the single-tensor form
+            out_t = output_tensors
+            ins_t = list(input_tensors) if self.rank() == src else None
+            seconds = _timeout_of(timeout)
+        else:
+            out_t = self._one(output_tensors, "scatter")
+            ins_t = list(self._one(input_tensors, "scatter")) if self.rank() == src else None
+            seconds = _timeout_of(opts)
         staged = _Staged()
-        out = staged.out(self._one(output_tensors, "scatter"), "scatter output")
-        ins = None
-        if self.rank() == root:
-            ins = [staged.inp(t, "scatter input") for t in self._one(input_tensors, "scatter")]
-        work = _api.scatter(out, ins, group=self._pg, async_op=True, group_src=root)
-        return self._work([work], staged.finish(), output_tensors)
+        out = staged.out(out_t, "scatter output")
+        ins = None if ins_t is None else [staged.inp(t, "scatter input") for t in ins_t]
+        work = _api.scatter(out, ins, group=self._pg, async_op=True, group_src=src)
+        return self._work([work], staged.finish(), output_tensors, seconds)
 
+    @_profiled("all_to_all", 1)
     def alltoall(
-        self,
-        output_tensors: list[torch.Tensor],
-        input_tensors: list[torch.Tensor],
+        self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
         opts: Any = None,
-    ) -> TorchWork:
+    ) -> TorchWork:  # fmt: skip
         staged = _Staged()
         outs = [staged.out(t, "alltoall output") for t in output_tensors]
         ins = [staged.inp(t, "alltoall input") for t in input_tensors]
         work = _api.all_to_all(outs, ins, self._pg, async_op=True)
-        return self._work([work], staged.finish(), output_tensors)
+        return self._work([work], staged.finish(), output_tensors, _timeout_of(opts))
 
+    @_profiled("all_to_all", 1)
     def alltoall_base(
         self,
         output: torch.Tensor,
@@ -372,6 +573,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         input_split_sizes: list[int],
         opts: Any = None,
     ) -> TorchWork:
+        """(out, in, out_splits, in_splits, AllToAllOptions or a timeout)."""
         staged = _Staged()
         out = staged.out(output, "all_to_all_single output")
         inp = staged.inp(input, "all_to_all_single input")
@@ -379,29 +581,69 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
             out, inp, list(output_split_sizes) or None, list(input_split_sizes) or None,
             self._pg, async_op=True,
         )  # fmt: skip
-        return self._work([work], staged.finish(), output)
+        return self._work([work], staged.finish(), output, _timeout_of(opts))
 
     all_to_all_single = alltoall_base
 
-    def barrier(self, opts: Any = None) -> TorchWork:
-        return self._work([_api.barrier(self._pg, async_op=True)], None, None)
+    @_profiled("barrier")
+    def barrier(self, opts: Any = None, timeout: Any = None) -> TorchWork:
+        """barrier(BarrierOptions) | barrier(timeout)."""
+        seconds = _timeout_of(timeout, opts)
+        return self._work([_api.barrier(self._pg, async_op=True)], None, None, seconds)
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """A barrier that names the ranks that did not arrive, with gloo's messages.
+
+        torch's `dist.monitored_barrier` refuses every backend not named "gloo" before it
+        reaches one; call this on the group object instead (or pycollective's own
+        `monitored_barrier`)."""
+        seconds = _timeout_of(timeout) if timeout is not None else self._pg.timeout
+        try:
+            _p2p.monitored_barrier(self._pg, seconds, wait_all_ranks)
+        except CollectiveTimeout as exc:
+            ms = int(round((seconds or 0) * 1000))
+            if self.rank() == 0 and exc.waiting_on:
+                missing = sorted(int(r) for r in exc.waiting_on)
+                if wait_all_ranks:
+                    who = f"Ranks {', '.join(map(str, missing))}"
+                else:
+                    who = f"Rank {missing[0]}"
+                raise RuntimeError(
+                    f"{who} failed to pass monitoredBarrier in {ms} ms ({exc})"
+                ) from exc
+            if self.rank() == 0:
+                raise RuntimeError(f"Rank 0 timed out in monitoredBarrier: {exc}") from exc
+            raise RuntimeError(
+                f"Rank {self.rank()} successfully reached monitoredBarrier, but received "
+                f"errors while waiting for send/recv from rank 0: {exc}"
+            ) from exc
+        except CollectiveError as exc:
+            if self.rank() == 0:
+                raise RuntimeError(f"Rank 0 timed out in monitoredBarrier: {exc}") from exc
+            raise RuntimeError(
+                f"Rank {self.rank()} successfully reached monitoredBarrier, but received "
+                f"errors while waiting for send/recv from rank 0: {exc}"
+            ) from exc
 
     # ------------------------------------------------------------------ point-to-point
 
-    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> TorchWork:
-        t = _Staged().inp(self._one(tensors, "send"), "send tensor")
-        work = _p2p.isend(t, group=self._pg, tag=tag, group_dst=dst)
+    @_profiled("send")
+    def send(self, tensors: Any, dstRank: int, tag: int = 0) -> TorchWork:  # noqa: N803
+        t = _Staged().inp(self._one(_tensors(tensors, "send"), "send"), "send tensor")
+        work = _p2p.isend(t, group=self._pg, tag=tag, group_dst=dstRank)
         return self._work([work], None, tensors)
 
-    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> TorchWork:
+    @_profiled("recv")
+    def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> TorchWork:  # noqa: N803
         staged = _Staged()
-        t = staged.out(self._one(tensors, "recv"), "recv tensor")
-        work = _p2p.irecv(t, group=self._pg, tag=tag, group_src=src)
+        t = staged.out(self._one(_tensors(tensors, "recv"), "recv"), "recv tensor")
+        work = _p2p.irecv(t, group=self._pg, tag=tag, group_src=srcRank)
         return self._work([work], staged.finish(), tensors)
 
-    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> TorchWork:
+    @_profiled("recvAnySource")
+    def recv_anysource(self, tensors: Any, tag: int = 0) -> TorchWork:
         staged = _Staged()
-        t = staged.out(self._one(tensors, "recv"), "recv tensor")
+        t = staged.out(self._one(_tensors(tensors, "recv"), "recv"), "recv tensor")
         work = _p2p.irecv(t, None, group=self._pg, tag=tag)
         return self._work([work], staged.finish(), tensors)
 

@@ -4,12 +4,35 @@ torch's own `_create_work_from_future` makes a Work whose wait() returns True ev
 future holds an error, so a failed collective would pass silently; this subclass of
 torch's Work (a pybind trampoline, so C++ callers such as DDP's reducer see it too) waits
 on our operation, re-raises its error, and hands out a torch Future for `then()` chains.
+
+Two things about that trampoline shape the code below.
+
+**Where torch futures complete.** A torch future runs its `then()` callbacks on the thread
+that completes it. Completing them on our engine thread deadlocks any callback that issues
+another collective and waits for it (PowerSGD's hook does exactly that): the engine is
+busy running the callback. So the engine only marks our operations done, and torch futures
+complete on completion threads, one per *level*: a work issued by ordinary code completes
+on the level-1 thread; a work issued from a callback running on level k completes on level
+k+1, which is never the thread waiting for it. Each level delivers in issue order, as
+DDP's buckets expect, and a `wait()` (or `is_completed()`) that finds the operations done
+delivers the result itself rather than queue behind a long callback.
+
+**How long the Python object lives.** torch keeps only the C++ half of a Python Work: code
+that hands a Work to C++ and drops it (DDP's Join hook gives the reducer the work of its
+forward-pass all-reduce, then lets it go) leaves C++ holding an object whose overrides
+vanished with the Python half, so getFuture() raises "not implemented" and wait() never
+returns. Every TorchWork is therefore kept alive here until it is done and nothing but
+this registry refers to it, from Python or from C++ (the C++ reference count, read from
+the object; checked against torch's own boxing when this module loads).
 """
 
 from __future__ import annotations
 
+import ctypes
 import datetime
+import sys
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +40,7 @@ import torch.distributed as tdist
 
 import torch
 
+from .._errors import CollectiveError, CollectiveTimeout
 from ..core.work import Future as _OurFuture
 from ..core.work import Work as _OurWork
 
@@ -28,14 +52,169 @@ def _seconds(timeout: Any) -> float | None:
         seconds = timeout.total_seconds()
     else:
         seconds = float(timeout)
-    return None if seconds <= 0 else seconds  # torch's kNoTimeout is 0 ms
+    return None if seconds <= 0 else seconds  # torch's kNoTimeout is 0 ms, unset is -1 ms
+
+
+# ---------------------------------------------------------------------- errors
+
+_flavours: dict[type, type] = {}
+
+
+def torch_error(exc: BaseException) -> BaseException:
+    """Our error as torch's callers expect it: an instance of both its pycollective class
+    and torch's DistBackendError (a RuntimeError, what gloo raises), so `except
+    RuntimeError` and `except pycollective.CollectiveTimeout` both catch it. A timeout's
+    message carries gloo's words ("Timed out"), which torch's own tests match."""
+    if not isinstance(exc, CollectiveError) or isinstance(exc, tdist.DistBackendError):
+        return exc
+    cls = type(exc)
+    flavour = _flavours.get(cls)
+    if flavour is None:
+        flavour = _flavours[cls] = type(cls.__name__, (cls, tdist.DistBackendError), {})
+        flavour.__module__ = cls.__module__
+    new = flavour.__new__(flavour)
+    new.__dict__.update(exc.__dict__)
+    message = str(exc)
+    if isinstance(exc, CollectiveTimeout):
+        message = f"pycollective: Timed out in {exc.op or 'a collective'}: {message}"
+    new.args = (message,)
+    new.__cause__ = exc
+    new.__traceback__ = exc.__traceback__
+    return new
+
+
+# ---------------------------------------------------------------------- completion levels
+
+_MAX_LEVEL = 16  # deeper nesting of callbacks than this completes inline (never seen)
+_tls = threading.local()
+
+
+class _Level:
+    """One completion thread: runs deliveries in the order they were posted."""
+
+    def __init__(self, level: int) -> None:
+        self.level = level
+        self._cv = threading.Condition()
+        self._queue: deque[Callable[[], None]] = deque()
+        self._thread = threading.Thread(
+            target=self._loop, name=f"pycollective-torch-complete-{level}", daemon=True
+        )
+        self._thread.start()
+
+    def post(self, job: Callable[[], None]) -> None:
+        with self._cv:
+            self._queue.append(job)
+            self._cv.notify()
+
+    def _loop(self) -> None:
+        _tls.level = self.level
+        while True:
+            with self._cv:
+                while not self._queue:
+                    self._cv.wait()
+                job = self._queue.popleft()
+            job()  # never raises: a delivery hands its errors to the future
+            job = None  # nor keeps its work alive until the next one
+
+
+_levels: dict[int, _Level] = {}
+_levels_lock = threading.Lock()
+
+
+def _level_for_new_work() -> int:
+    return getattr(_tls, "level", 0) + 1
+
+
+def _post(level: int, job: Callable[[], None]) -> None:
+    if level > _MAX_LEVEL:
+        job()
+        return
+    lv = _levels.get(level)
+    if lv is None:
+        with _levels_lock:
+            lv = _levels.get(level)
+            if lv is None:
+                lv = _levels[level] = _Level(level)
+    lv.post(job)
+
+
+# ---------------------------------------------------------------------- lifetime registry
+
+# pybind11's instance layout: PyObject_HEAD, then the pointer to the C++ object; c10's
+# intrusive_ptr_target: the vtable pointer, then a 64-bit count whose low 32 bits are the
+# strong references.
+_VALUE_OFFSET = 2 * ctypes.sizeof(ctypes.c_void_p)
+_COUNT_OFFSET = ctypes.sizeof(ctypes.c_void_p)
+
+
+def _cpp_refs(work: tdist.Work) -> int:
+    ptr = ctypes.c_void_p.from_address(id(work) + _VALUE_OFFSET).value
+    return ctypes.c_uint32.from_address(ptr + _COUNT_OFFSET).value if ptr else -1
+
+
+def _refcount_readable() -> bool:
+    """Whether _cpp_refs reads what it should on this torch build: one reference for a
+    fresh Work, two while torch's boxing holds another."""
+    try:
+        probe = tdist.Work()
+        if _cpp_refs(probe) != 1:
+            return False
+        boxed = probe.boxed()
+        two = _cpp_refs(probe)
+        del boxed
+        return two == 2 and _cpp_refs(probe) == 1
+    except Exception:  # noqa: BLE001 - any surprise means "cannot read it"
+        return False
+
+
+_REFS_READABLE = _refcount_readable()
+# Without a readable count, keep the most recent finished works only (best effort).
+_FALLBACK_KEEP = 65536
+_alive: dict[int, TorchWork] = {}
+_alive_lock = threading.Lock()
+_sweep_at = 256
+
+
+def _keep(work: TorchWork) -> None:
+    global _sweep_at
+    with _alive_lock:
+        _alive[id(work)] = work
+        if len(_alive) < _sweep_at:
+            return
+        _sweep()
+        _sweep_at = max(256, 2 * len(_alive))
+
+
+def _sweep() -> None:
+    """Drop the works nobody can reach any more (the caller holds _alive_lock)."""
+    if not _REFS_READABLE:
+        while len(_alive) > _FALLBACK_KEEP:
+            _alive.pop(next(iter(_alive)))
+        return
+    for key in list(_alive):
+        w = _alive[key]
+        # getrefcount sees the registry, `w` and its own argument: nothing else in Python
+        if w._delivered and sys.getrefcount(w) <= 3 and _cpp_refs(w) <= 1:
+            del _alive[key]
+    w = None
+
+
+def alive_count() -> int:
+    """How many works the registry holds (for tests)."""
+    with _alive_lock:
+        _sweep()
+        return len(_alive)
+
+
+# ---------------------------------------------------------------------- the Work
 
 
 class TorchWork(tdist.Work):
     """Completes when every pycollective operation in `works` has; its value is `result`.
 
     `finish` (optional) runs once, after all of them succeed and before the future
-    completes: copies out of scratch buffers for list-shaped collectives.
+    completes: copies out of scratch buffers for list-shaped collectives. `timeout` (from
+    the call's options) bounds wait() when the caller gives none.
     """
 
     def __init__(
@@ -43,24 +222,34 @@ class TorchWork(tdist.Work):
         works: list[_OurWork],
         result: Any,
         finish: Callable[[], None] | None = None,
+        timeout: float | None = None,
     ) -> None:
         super().__init__()
         self._works = works
         self._result = result
         self._finish = finish
+        self._timeout = timeout
         self._future: torch.futures.Future = torch.futures.Future()
         self._exc: BaseException | None = None
         self._source = -1
         self._pending = len(works)
         self._lock = threading.Lock()
-        self._settled = False
+        self._settled = False  # every operation done, or one failed
+        self._delivered = False  # claimed by a deliverer
+        self._level = _level_for_new_work()
+        self._profiled = False  # a profiler event ends on completion: leave it to its thread
+        self._event: Any = None
+        _keep(self)
         if not works:
-            self._complete(None)
+            self._settled = True
+            self._deliver()
             return
         for w in works:
-            w.get_future().add_done_callback(self._one_done)
+            # Not get_future(): that starts a deferred point-to-point batch, and an irecv's
+            # batch must stay open for the isend issued after it (batch_isend_irecv).
+            w._future.add_done_callback(self._one_done)
 
-    # Runs on pycollective's engine thread, in issue order.
+    # Runs on pycollective's engine thread: record, and hand the delivery to a level.
     def _one_done(self, fut: _OurFuture) -> None:
         exc = fut._exc
         with self._lock:
@@ -68,37 +257,69 @@ class TorchWork(tdist.Work):
             if self._settled or (exc is None and self._pending > 0):
                 return
             self._settled = True
-        self._complete(exc)
+            self._exc = exc
+        _post(self._level, self._deliver)
 
-    def _complete(self, exc: BaseException | None) -> None:
+    def _deliver(self) -> None:
+        """Copy back, then complete the torch future (running its callbacks here)."""
+        with self._lock:
+            if self._delivered or not self._settled:
+                return
+            self._delivered = True
+            exc = self._exc
+            event, self._event = self._event, None
+        if event is not None:
+            event.__exit__(None, None, None)  # the profiler's record of this call ends
         if exc is None and self._finish is not None:
             try:
                 self._finish()
             except BaseException as err:  # noqa: BLE001 - delivered to the waiter
-                exc = err
+                exc = self._exc = err
         if self._works:
             self._source = self._works[-1].src_rank
-        if exc is None:
-            self._future.set_result(self._result)
-        else:
-            self._exc = exc
-            self._future.set_exception(exc)
+        try:
+            if exc is None:
+                self._future.set_result(self._result)
+            else:
+                self._future.set_exception(torch_error(exc))
+        except BaseException:  # noqa: BLE001, S110 - a callback's error belongs to its own future
+            pass
+
+    def _end_event_on_delivery(self, event: Any) -> None:
+        """End a profiler event when the work completes (at once if it has)."""
+        with self._lock:
+            if not self._delivered:
+                self._profiled = True
+                self._event = event
+                return
+        event.__exit__(None, None, None)
 
     def wait(self, timeout: Any = None) -> bool:
         seconds = _seconds(timeout)
-        for w in self._works:
-            w.wait(seconds)  # raises the operation's own error (CollectiveError)
+        if seconds is None:
+            seconds = self._timeout
+        try:
+            for w in self._works:
+                w.wait(seconds)  # raises the operation's own error (CollectiveError)
+        except BaseException as exc:
+            if not isinstance(exc, CollectiveTimeout) or self._settled:
+                self._deliver()
+            raise torch_error(exc) from None
+        if not self._profiled:
+            self._deliver()  # if a completion thread has not yet: never wait behind it
         self._future.wait()  # also raises an error from `finish`
         return True
 
     def is_completed(self) -> bool:
+        if not self._future.done() and self._settled:
+            self._deliver()
         return self._future.done()
 
     def is_success(self) -> bool:
-        return self._future.done() and self._exc is None
+        return self.is_completed() and self._exc is None
 
     def exception(self) -> BaseException | None:
-        return self._exc
+        return self._exc if self.is_completed() else None
 
     def result(self) -> Any:
         self.wait()
