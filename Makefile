@@ -41,9 +41,14 @@ test: setup
 faults: setup
 	$(PY) tools/faults.py
 
-# The main job: Fashion-MNIST three ways (1 process, 2-worker all-reduce, 2 workers + 1
-# parameter server), a table and plots in out/fashion_mnist. Installs Debian's dataset
-# when missing and run as root; FASHION_MNIST_DIR=<dir with the four IDX files> also works.
+# The main job: when does ring all-reduce replace the parameter server? The 30 MB
+# Fashion-MNIST model: accuracy (1 process vs 2 workers, DDP on pycollective, and gradient
+# accumulation), the step's communication at 2-4 workers on namespace hosts with 1 Gbit/s
+# links (root; loopback otherwise) for ring vs 1 vs W parameter servers, the simulator to
+# 256 workers at 1-100 Gbit/s and the crossover rule; a table and two plots in
+# out/fashion_mnist (docs/data_parallel.md). DEMO_ARGS="--quick" trains the small CNN.
+# Installs Debian's dataset when missing and run as root; FASHION_MNIST_DIR=<dir> also works.
+DEMO_ARGS ?=
 demo: setup
 	@if [ -z "$$FASHION_MNIST_DIR" ] && ! dpkg -s dataset-fashion-mnist >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -54,7 +59,7 @@ demo: setup
 				"(or FASHION_MNIST_DIR=<dir with the four IDX files>)"; exit 2; \
 		fi; \
 	fi
-	$(PY) examples/fashion_mnist/demo.py
+	$(PY) examples/fashion_mnist/demo.py $(DEMO_ARGS)
 
 # nccl-tests style tables (shared memory, TCP, and torch's gloo side by side) and a plot.
 BENCH_ARGS ?= -n 2 -t shm,tcp,gloo

@@ -1,5 +1,6 @@
 """examples/fashion_mnist: the IDX loader on small files the tests write (and corrupt), and
-train.py end to end on a tiny synthetic dataset in every mode."""
+train.py end to end on a tiny synthetic dataset in every mode: one process and DDP with
+gradient accumulation compute the same parameters."""
 
 from __future__ import annotations
 
@@ -94,31 +95,77 @@ def test_models_have_the_advertised_sizes() -> None:
     assert 7_400_000 < large < 7_600_000  # about 30 MB of float32
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize(
-    "mode,launch",
-    # (the all-reduce path runs in `make demo`; DDP itself is tested in tests/torch)
-    [("single", []), ("ps", ["-n", "2", "--servers", "1"])],
-)
-def test_train_end_to_end_on_synthetic_data(tmp_path, mode: str, launch: list[str]) -> None:
-    (tmp_path / "data").mkdir()
-    _write_dataset(tmp_path / "data", n_train=512, n_test=128)
-    metrics = tmp_path / "m.json"
-    train = [str(EXAMPLE / "train.py"), "--mode", mode, "--data-dir", str(tmp_path / "data"),
-             "--epochs", "4", "--batch", "32", "--metrics", str(metrics),
-             "--checkpoint", str(tmp_path / "ck.pt"), "--no-progress"]  # fmt: skip
+def _train(tmp_path, name: str, launch: list[str], *args: str) -> tuple[dict, np.ndarray]:
+    """One train.py run on the synthetic data in tmp_path/data; its report and parameters."""
+    metrics, params = tmp_path / f"{name}.json", tmp_path / f"{name}.npy"
+    train = [str(EXAMPLE / "train.py"), "--data-dir", str(tmp_path / "data"), "--no-progress",
+             "--metrics", str(metrics), "--save-params", str(params), "--eval-points", "3",
+             *args]  # fmt: skip
     py = sys.executable
     cmd = [py, *train] if not launch else [py, "-m", "pycollective", "run", *launch, py, *train]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     env["PYCOLLECTIVE_TRANSPORT"] = "tcp"
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=110)
     assert res.returncode == 0, res.stderr[-3000:]
-    report = json.loads(metrics.read_text())
-    assert report["steps"] == 64 and report["workers"] == (1 if mode == "single" else 2)
-    assert report["test_accuracy"] > 0.5  # the synthetic classes are easy to learn
-    if mode == "single":
-        assert report["bytes_sent_per_step"] == 0
-    else:
-        # the gradient (ring: 2(p-1)/p of it; ps: all of it, once) crosses the wire every step
-        assert report["bytes_sent_per_step"] >= 4 * report["parameters"]
-    assert (tmp_path / "ck.pt").exists()
+    return json.loads(metrics.read_text()), np.load(params)
+
+
+@pytest.fixture
+def synthetic(tmp_path):
+    (tmp_path / "data").mkdir()
+    _write_dataset(tmp_path / "data", n_train=512, n_test=128)
+    return tmp_path
+
+
+@pytest.mark.timeout(150)
+def test_modes_compute_the_same_updates(synthetic) -> None:
+    """Same samples, same order: one process with batch 32, and 2 workers (DDP on the
+    pycollective backend) accumulating 2 micro-batches of 8 each per all-reduce, end with
+    the same parameters; without accumulation (batch 16: 8 per worker per all-reduce)
+    every sample costs twice the bytes."""
+    single, p1 = _train(synthetic, "single", [], "--mode", "single", "--samples", "256",
+                        "--batch", "32", "--checkpoint", str(synthetic / "ck.pt"))  # fmt: skip
+    acc, p2 = _train(synthetic, "acc", ["-n", "2"], "--mode", "allreduce", "--samples", "256",
+                     "--batch", "32", "--accumulate", "2")  # fmt: skip
+    plain, _ = _train(synthetic, "plain", ["-n", "2"], "--mode", "allreduce", "--samples", "128",
+                      "--batch", "16")  # fmt: skip
+    assert single["steps"] == acc["steps"] == plain["steps"] == 8
+    assert acc["micro_batch"] == plain["micro_batch"] == 8
+    # 8 Adam updates: float rounding (the all-reduce sums in another order) stays ~1e-7; over
+    # many updates Adam's m / sqrt(v) turns it into up to lr where a gradient is near 0
+    np.testing.assert_allclose(p2, p1, rtol=0, atol=1e-5)
+    assert single["test_accuracy"] > 0.3  # learning (10 classes: 0.1 by chance)
+    assert abs(acc["test_accuracy"] - single["test_accuracy"]) <= 1 / 128  # one image at most
+    assert (synthetic / "ck.pt").exists()
+    assert single["bytes_sent_per_step"] == 0
+    # one all-reduce per update whatever k: the ring sends 2 (p-1)/p = 1 gradient per worker
+    n = 4 * acc["parameters"]
+    for r in (acc, plain):
+        assert n <= r["bytes_sent_per_step"] < 1.05 * n
+    assert acc["bytes_sent_per_step"] == pytest.approx(plain["bytes_sent_per_step"], rel=1e-3)
+    ratio = plain["bytes_sent_per_sample"] / acc["bytes_sent_per_sample"]
+    assert ratio == pytest.approx(2.0, rel=1e-3)
+    # the curve: 0, then 3 evenly spaced points ending with the last update, none twice
+    assert [p["samples"] for p in single["curve"]] == [0, 96, 160, 256]
+    assert single["probe_accuracy"] == single["curve"][-1]["acc"]
+
+
+@pytest.mark.timeout(120)
+def test_parameter_server_end_to_end(synthetic) -> None:
+    report, _ = _train(synthetic, "ps", ["-n", "2", "--servers", "1"], "--mode", "ps",
+                       "--samples", "2048", "--batch", "32")  # fmt: skip
+    assert report["steps"] == 64 and report["workers"] == 2 and report["servers"] == 1
+    assert report["test_accuracy"] > 0.5
+    # each worker pushes its whole gradient to the one server and pulls it back, every step
+    assert report["bytes_sent_per_step"] >= 4 * report["parameters"]
+
+
+def test_eval_steps_are_evenly_spaced_and_unique() -> None:
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        import train
+    finally:
+        sys.path.remove(str(EXAMPLE))
+    assert sorted(train.eval_steps(32, 3)) == [0, 11, 21, 32]
+    assert sorted(train.eval_steps(5, 10)) == [0, 1, 2, 3, 4, 5]
+    assert sorted(train.eval_steps(100, 1)) == [0, 100]
