@@ -29,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -273,30 +274,36 @@ def render(results: dict[str, Any], out: Path) -> str:
     cont = results.get("contention")
     if rows and cont:
         if cont["network"] == "namespaces":
-            net = ("namespace hosts, links shaped to 1 Gbit/s (TCP goodput "
+            net = ("namespace hosts with 1 Gbit/s links (TCP goodput "
                    f"{cont['link_bps'] / 1e9:.3f} Gbit/s)")  # fmt: skip
         else:
             net = f"loopback TCP on one host ({cont['why']}): times are CPU, not a network"
+        legend = (
+            f"comm ms: one step's communication, slowest worker, median of {cont['reps']}; "
+            "simulator: `pycollective simulate`, error = (predicted - measured) / measured; "
+            "busiest link: bytes per step on the busiest host's link (kernel counters, the "
+            "larger direction); per sample: that / samples per step; compute ms: CPU time of "
+            "one step in one process on one core; step = compute + comm (no overlap); "
+            "samples/s: W x samples per worker per step / step; test acc, sent/sample: the "
+            f"training runs at 2 workers (all {_test_images(results)} test images; bytes "
+            "counted by the backend)."
+        )
         lines += [
-            f"{LABELS[results['config']['model']]}: one step = {cont['compute']['batch']} samples "
-            f"per worker (accumulate: {cont['accumulate']} of them per all-reduce); {net}.",
-            "comm ms: the step's communication, slowest worker, median of "
-            f"{cont['reps']}; simulator: `pycollective simulate`'s prediction, error = "
-            "(predicted - measured) / measured; busiest link: bytes per step on the busiest "
-            "host's link (kernel counters, the larger direction), per sample: that / samples "
-            "per step; compute: measured, CPU time of one process on one core; step = compute "
-            "+ comm (no "
-            "overlap); samples/s = W x samples per worker per step / step; test acc and "
-            "sent/sample: the training runs (2 workers, 32 each per micro-batch).",
+            f"{LABELS[results['config']['model']]}, one step = {cont['compute']['batch']} "
+            f"samples per worker ('accumulate {cont['accumulate']}': {cont['accumulate']} "
+            f"of them per all-reduce); {net}:",
             "",
             report.render_table(rows),
             "",
+            report.wrap(legend, 100),
+            "",
         ]
     if results.get("accuracy"):
-        lines += [report.accuracy_caption(results), ""]
+        lines += [report.wrap(report.accuracy_caption(results), 100), ""]
     if results.get("predict"):
-        lines += ["The crossover (simulator, one rank per host, sync push/pull):"]
-        lines += [f"  {r}" for r in report.rule(results["predict"])]
+        lines += ["The crossover (simulator, one rank per host, synchronous push and pull):"]
+        lines += [textwrap.fill(r, 100, initial_indent="- ", subsequent_indent="  ")
+                  for r in report.rule(results["predict"])]  # fmt: skip
         lines += [""]
     extra = []
     for m in MODES.values():
@@ -311,6 +318,11 @@ def render(results: dict[str, Any], out: Path) -> str:
         written.append(report.plot_accuracy(results, out / "accuracy.png", extra))
     lines += [f"wrote {p}" for p in written]
     return "\n".join(lines)
+
+
+def _test_images(results: dict[str, Any]) -> str:
+    runs = (results.get("accuracy") or {}).get("runs", {})
+    return f"{next(iter(runs.values()))['test_images']:,}" if runs else "the"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,10 +48,11 @@ class Row:
     compute_s: float  # per update: k x the measured compute of one micro-batch
     accuracy: float | None = None  # test accuracy of the training run, if one was made
     trained_bytes_per_sample: float | None = None  # sent per sample in that run (counters)
+    shaped: bool = True  # measured on shaped links (the predictions' link), not loopback
 
     @property
     def error(self) -> float | None:
-        if self.comm_s is None or self.predicted_s is None or not self.comm_s:
+        if self.comm_s is None or self.predicted_s is None or not self.comm_s or not self.shaped:
             return None
         return (self.predicted_s - self.comm_s) / self.comm_s
 
@@ -99,6 +100,7 @@ def table_rows(results: dict[str, Any]) -> list[Row]:
     b = cont["compute"]["batch"]
     compute = cont["compute"]["seconds"]
     k = cont["accumulate"]
+    shaped = cont.get("network") == "namespaces"
     rows = [
         Row("single", "1 process", 1, 0, 0.0, 0.0, 0.0, b, compute,
             accuracy=_get(acc, "single", "test_accuracy"),
@@ -117,6 +119,7 @@ def table_rows(results: dict[str, Any]) -> list[Row]:
                 run.get("busiest_bytes"), w * b * steps, steps * compute,
                 accuracy=trained["test_accuracy"] if trained else None,
                 trained_bytes_per_sample=trained["bytes_sent_per_sample"] if trained else None,
+                shaped=shaped,
             ))  # fmt: skip
     return rows
 
@@ -410,10 +413,10 @@ def steps_caption(results: dict[str, Any]) -> str:
             f"{_ms(psw.comm_s)} ms ({psw.comm_s / ring.comm_s:.1f}x, on {w} more hosts){worst}."
         )
     parts += short_rule(results.get("predict", {}))
-    return "\n".join(_wrap(p, 175) for p in parts)
+    return "\n".join(wrap(p, 175) for p in parts)
 
 
-def _wrap(text: str, width: int) -> str:
+def wrap(text: str, width: int) -> str:
     words, lines, cur = text.split(), [], ""
     for word in words:
         if len(cur) + len(word) + 1 > width:
@@ -460,7 +463,7 @@ def plot_accuracy(
     ax.legend(fontsize=8, loc="lower right")
     ax.set_title(f"Fashion-MNIST, {acc['model_label']}: measured, same samples in the same order",
                  fontsize=10)  # fmt: skip
-    fig.text(0.01, 0.01, _wrap(accuracy_caption(results), 130), fontsize=8.5, va="bottom")
+    fig.text(0.01, 0.01, wrap(accuracy_caption(results), 130), fontsize=8.5, va="bottom")
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
