@@ -153,9 +153,14 @@ def test_demo_end_to_end_prints_the_table_of_its_results(tmp_path) -> None:
     assert set(results) >= {"accuracy", "contention", "predict", "config", "load"}
     runs = results["accuracy"]["runs"]
     assert runs["ring"]["accumulate"] == 1 and runs["ring_k"]["accumulate"] == 2
+    # the same all-reduce per update, so k micro-batches per update: k x fewer bytes per sample
+    assert runs["ring_k"]["bytes_sent_per_step"] == pytest.approx(
+        runs["ring"]["bytes_sent_per_step"], rel=1e-3
+    )
     assert runs["ring_k"]["bytes_sent_per_sample"] * 2 == pytest.approx(
         runs["ring"]["bytes_sent_per_sample"], rel=1e-3
     )
+    assert runs["ring"]["samples"] == runs["single"]["samples"] == runs["ring_k"]["samples"]
     # the printed table is the report of results.json, not numbers typed in
     assert report.render_table(report.table_rows(results)) in res.stdout
     assert "loopback TCP" in res.stdout and "times are CPU" in res.stdout

@@ -121,16 +121,13 @@ def synthetic(tmp_path):
 def test_modes_compute_the_same_updates(synthetic) -> None:
     """Same samples, same order: one process with batch 32, and 2 workers (DDP on the
     pycollective backend) accumulating 2 micro-batches of 8 each per all-reduce, end with
-    the same parameters; without accumulation (batch 16: 8 per worker per all-reduce)
-    every sample costs twice the bytes."""
+    the same parameters. (That accumulating halves the bytes per sample, against 2 workers
+    without it, is checked on the demo's own runs in test_demo.py.)"""
     single, p1 = _train(synthetic, "single", [], "--mode", "single", "--samples", "256",
                         "--batch", "32", "--checkpoint", str(synthetic / "ck.pt"))  # fmt: skip
     acc, p2 = _train(synthetic, "acc", ["-n", "2"], "--mode", "allreduce", "--samples", "256",
                      "--batch", "32", "--accumulate", "2")  # fmt: skip
-    plain, _ = _train(synthetic, "plain", ["-n", "2"], "--mode", "allreduce", "--samples", "128",
-                      "--batch", "16")  # fmt: skip
-    assert single["steps"] == acc["steps"] == plain["steps"] == 8
-    assert acc["micro_batch"] == plain["micro_batch"] == 8
+    assert single["steps"] == acc["steps"] == 8 and acc["micro_batch"] == 8
     # 8 Adam updates: float rounding (the all-reduce sums in another order) stays ~1e-7; over
     # many updates Adam's m / sqrt(v) turns it into up to lr where a gradient is near 0
     np.testing.assert_allclose(p2, p1, rtol=0, atol=1e-5)
@@ -140,11 +137,7 @@ def test_modes_compute_the_same_updates(synthetic) -> None:
     assert single["bytes_sent_per_step"] == 0
     # one all-reduce per update whatever k: the ring sends 2 (p-1)/p = 1 gradient per worker
     n = 4 * acc["parameters"]
-    for r in (acc, plain):
-        assert n <= r["bytes_sent_per_step"] < 1.05 * n
-    assert acc["bytes_sent_per_step"] == pytest.approx(plain["bytes_sent_per_step"], rel=1e-3)
-    ratio = plain["bytes_sent_per_sample"] / acc["bytes_sent_per_sample"]
-    assert ratio == pytest.approx(2.0, rel=1e-3)
+    assert n <= acc["bytes_sent_per_step"] < 1.05 * n
     # the curve: 0, then 3 evenly spaced points ending with the last update, none twice
     assert [p["samples"] for p in single["curve"]] == [0, 96, 160, 256]
     assert single["probe_accuracy"] == single["curve"][-1]["acc"]
