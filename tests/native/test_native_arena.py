@@ -56,7 +56,8 @@ def _rank_main(name: str, nbytes: int, p: int, r: int, compiled: bool, out) -> N
         seg = arena.Segment.attach(name, nbytes)
         a = arena.Arena(seg, p, r, SLOT)
         na = (
-            native.NativeArena(a, collectives.SMALL_BYTES, collectives.CHUNK_BYTES)
+            # nt_bytes=0: every copy into a result takes the non-temporal path too
+            native.NativeArena(a, collectives.SMALL_BYTES, collectives.CHUNK_BYTES, nt_bytes=0)
             if compiled
             else None
         )
