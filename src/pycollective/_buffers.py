@@ -4,8 +4,7 @@ flat, writable numpy view of the same memory plus its DType. Nothing is copied."
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -14,8 +13,10 @@ from ._dtypes import DType
 from ._errors import UsageError
 
 
-@dataclass(frozen=True)
-class Buffer:
+class Buffer(NamedTuple):
+    """A tuple: one is made per call, and a NamedTuple costs a fraction of a frozen
+    dataclass to build."""
+
     array: np.ndarray  # 1-D, C-contiguous view of the caller's memory
     dtype: DType
     source: Any  # what the caller passed, for results handed back (futures)
@@ -91,6 +92,11 @@ def _torch_view(t: Any, what: str) -> tuple[np.ndarray, DType]:
 
 def as_buffer(obj: object, what: str = "tensor", writable: bool = True) -> Buffer:
     """Validate `obj` and view it as a flat array; raise UsageError saying what is wrong."""
+    if type(obj) is np.ndarray:  # the common case first: a plain, contiguous numpy array
+        dtype = _dtypes.from_numpy_dtype(obj.dtype)
+        flags = obj.flags
+        if dtype is not None and flags.c_contiguous and (flags.writeable or not writable):
+            return Buffer(obj if obj.ndim == 1 else obj.reshape(-1), dtype, obj)
     if _is_torch_tensor(obj):
         arr, dtype = _torch_view(obj, what)
         return Buffer(arr, dtype, obj)

@@ -64,6 +64,11 @@ if _NP_BFLOAT16 is not None:
     _BY_NUMPY[_NP_BFLOAT16] = BFLOAT16
 
 
+def from_numpy_dtype(dtype: np.dtype) -> DType | None:
+    """from_numpy for what is already an np.dtype (an array's .dtype): no conversion."""
+    return _BY_NUMPY.get(dtype)
+
+
 def from_numpy(dtype: np.dtype) -> DType | None:
     """The DType of a numpy dtype, or None when pycollective cannot carry it."""
     return _BY_NUMPY.get(np.dtype(dtype))
