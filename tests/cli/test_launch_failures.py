@@ -172,5 +172,5 @@ def test_elastic_goes_on_without_a_lost_rank_and_starts_a_replacement():
         res.stderr
     )
     assert "[rank 3]: elastic 2:3 local 1" in res.stdout  # the lost rank's slot
-    assert "elastic: the job went on without rank 1 exited with status 9" in res.stderr
+    assert "elastic: the job went on without rank 1 (exited with status 9)" in res.stderr
     assert "SIGTERM" not in res.stderr

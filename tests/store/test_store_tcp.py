@@ -302,3 +302,42 @@ def test_server_stops_waiting_for_a_client_that_hung_up(server):
     assert not server._conns  # the server thread parked in `get` noticed and left
     t.join(5)
     assert len(errors) == 1
+
+
+def test_a_lease_ends_with_its_connection_even_when_the_process_is_killed(server):
+    watcher = TCPStore("127.0.0.1", server.port, SECRET, timeout=5)
+    holder = TCPStore("127.0.0.1", server.port, SECRET, timeout=5)
+    holder.set_lease("lease/a", "1")
+    assert watcher.check(["lease/a"])
+    holder.close()
+    deadline = time.monotonic() + 3
+    while watcher.check(["lease/a"]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not watcher.check(["lease/a"])
+    # a lease set again by someone else is not removed by the old holder's end
+    holder = TCPStore("127.0.0.1", server.port, SECRET, timeout=5)
+    holder.set_lease("lease/b", "1")
+    watcher.set("lease/b", "2")
+    holder.close()
+    time.sleep(0.2)
+    assert watcher.get("lease/b") == b"2"
+    # kill -9: the kernel closes the socket, the lease ends within milliseconds
+    proc = _python(
+        f"""
+        import sys, time
+        from pycollective.store import TCPStore
+        s = TCPStore("127.0.0.1", {server.port}, {SECRET!r}, timeout=5)
+        s.set_lease("lease/c", "pid")
+        print("held", flush=True)
+        time.sleep(60)
+        """
+    )
+    assert proc.stdout.readline().strip() == "held"
+    assert watcher.check(["lease/c"])
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    t0 = time.monotonic()
+    while watcher.check(["lease/c"]) and time.monotonic() - t0 < 3:
+        time.sleep(0.005)
+    assert not watcher.check(["lease/c"]) and time.monotonic() - t0 < 1.0
+    watcher.close()

@@ -439,7 +439,7 @@ class _Job:
             return 128 + self.launcher_signal
         if self.tolerated:
             lost = ", ".join(
-                f"rank {r.rank} {describe_exit(r.returncode or 0)}" for r in self.tolerated
+                f"rank {r.rank} ({describe_exit(r.returncode or 0)})" for r in self.tolerated
             )
             self.say(f"elastic: the job went on without {lost}")
         first = self.first

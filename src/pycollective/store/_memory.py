@@ -108,6 +108,16 @@ class KVTable:
         with self._cond:
             return self._data.pop(key, None) is not None
 
+    def delete_if(self, key: bytes, value: bytes) -> bool:
+        """Delete `key` only if it still holds `value` (an expiring lease must not remove
+        what was set after it)."""
+        with self._cond:
+            if self._data.get(key) != value:
+                return False
+            del self._data[key]
+            self._cond.notify_all()
+            return True
+
     def num_keys(self) -> int:
         with self._cond:
             return len(self._data)

@@ -34,6 +34,9 @@ class Op(enum.IntEnum):
     CHECK = 6
     DELETE = 7
     NUM_KEYS = 8
+    # SET whose key the server deletes when this connection closes: a liveness lease
+    # (ZooKeeper's ephemeral node). The kernel closes a dead process's socket at once.
+    SET_LEASE = 9
 
 
 class Status(enum.IntEnum):
@@ -52,6 +55,7 @@ ARITY: dict[Op, tuple[int, int, frozenset[int]]] = {
     Op.CHECK: (0, MAX_ARGS, frozenset()),
     Op.DELETE: (1, 1, frozenset()),
     Op.NUM_KEYS: (0, 0, frozenset()),
+    Op.SET_LEASE: (2, 2, frozenset({1})),
 }
 
 

@@ -121,6 +121,12 @@ class TCPStoreServer:
         """The bound port (the real one once started, even if 0 was asked for)."""
         return self._port
 
+    @property
+    def connections(self) -> int:
+        """How many clients are connected now."""
+        with self._lock:
+            return len(self._conns)
+
     def start(self) -> TCPStoreServer:
         """Bind, listen and serve from a daemon thread. Returns self."""
         if self._thread is not None:
@@ -225,6 +231,7 @@ class TCPStoreServer:
         thread.start()
 
     def _serve(self, conn: socket.socket, addr: object) -> None:
+        leases: dict[bytes, bytes] = {}  # keys this connection holds (Op.SET_LEASE)
         try:
             try:
                 accept_handshake(conn, self._secret, PURPOSE, self._handshake_timeout)
@@ -243,6 +250,8 @@ class TCPStoreServer:
                 except ProtocolError as exc:
                     logger.warning("store closed connection from %s: bad frame: %s", addr, exc)
                     return
+                if op is Op.SET_LEASE:
+                    leases[args[0]] = args[1]
                 try:
                     status, payload = self._execute(op, args, timeout, lambda: _peer_gone(conn))
                 except StoreClosed:
@@ -255,6 +264,8 @@ class TCPStoreServer:
             logger.exception("store connection from %s crashed", addr)
         finally:
             conn.close()
+            for key, value in leases.items():
+                self._table.delete_if(key, value)  # unless someone set it since
             with self._lock:
                 self._conns.pop(conn, None)
 
@@ -262,7 +273,7 @@ class TCPStoreServer:
         self, op: Op, args: list[bytes], timeout: float | None, abandoned: Callable[[], bool]
     ) -> tuple[Status, bytes]:
         table = self._table
-        if op is Op.SET:
+        if op in (Op.SET, Op.SET_LEASE):
             table.set(args[0], args[1])
             return Status.OK, b""
         if op is Op.GET:
@@ -420,6 +431,13 @@ class TCPStore(Store):
 
     def set(self, key: str, value: bytes | str) -> None:
         self._request(Op.SET, [encode_key(key), encode_value(value)])
+
+    def set_lease(self, key: str, value: bytes | str) -> None:
+        """Set `key`, which the server deletes when this client's connection closes: when
+        the client closes it, or its process dies (the kernel closes its socket). A
+        liveness lease: other clients `check` for the key to learn whether it is alive.
+        A later set of the same key by anyone keeps it (the lease only removes its value)."""
+        self._request(Op.SET_LEASE, [encode_key(key), encode_value(value)])
 
     def get(self, key: str, timeout: Timeout = None) -> bytes:
         seconds = self._resolve(timeout)

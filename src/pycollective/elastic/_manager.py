@@ -1,0 +1,661 @@
+"""The elastic Manager: owns the group of an elastic job and remakes it when members come
+and go, at step boundaries, without a restart (docs/elastic.md).
+
+One step, as the manager sees it:
+
+    start_step()        at a boundary: remake the group if a member was lost (the last
+                        step failed) or one is waiting to join; members behind receive the
+                        state of the member furthest ahead
+    allreduce(...)      collectives of the step; a failure is recorded, not raised
+    should_commit()     True if every collective of this step succeeded here: apply the
+                        update then (the committed step count goes up), skip it otherwise
+
+The step in flight when a member dies is committed on the members whose collectives all
+completed and redone on the others; the next round hands the first group's state to the
+second, so every member ends the round at the same committed step, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import _config, _launch_env, _netutil
+from .._auth import secret_from_env
+from .._errors import CollectiveError, StoreError, UsageError
+from .._reduce_ops import ReduceOp
+from ..api import collectives as _coll
+from ..api import p2p as _p2p
+from ..core import rendezvous
+from ..core.group import ProcessGroup
+from ..core.world import World
+from ..store import TCPStore
+from ._quorum import Decision, Registration, decide
+
+log = logging.getLogger("pycollective.elastic")
+
+_POLL = 0.01  # seconds between looks at a round's registrations
+_SLICE = 0.05  # a watched store wait checks the members' leases this often
+
+
+class ElasticError(CollectiveError):
+    """The elastic job cannot go on: no majority, too few members, the store is gone, or
+    the membership did not settle within its bound. Raised on every member alike."""
+
+
+class JobFinished(ElasticError):
+    """A newcomer arrived after the job finished: there is nothing left to join."""
+
+
+@dataclass
+class Event:
+    """One membership change, as this member saw it (Manager.events)."""
+
+    round: int
+    members: list[str]
+    rank: int
+    lost: list[str]
+    joined: list[str]
+    step: int  # committed steps after the round (after any state transfer)
+    received_state: bool
+    started: float  # time.time() when this member began the round
+    seconds: float  # until the new group was ready here
+    reason: str = ""
+
+
+def _parse_elastic(text: str) -> tuple[int, int]:
+    lo, sep, hi = text.partition(":")
+    try:
+        pair = (int(lo), int(hi if sep else lo))
+    except ValueError:
+        raise UsageError(f"PYCOLLECTIVE_ELASTIC must be MIN:MAX, got {text!r}") from None
+    if not 1 <= pair[0] <= pair[1]:
+        raise UsageError(f"PYCOLLECTIVE_ELASTIC must have 1 <= MIN <= MAX, got {text!r}")
+    return pair
+
+
+class _WatchedStore:
+    """The store, for setting up one round's group: a wait for a key is cut into short
+    slices, and between them the round's members' leases are checked, so a member that
+    dies while the others wait for its address ends the wait at once, not at a timeout."""
+
+    def __init__(self, store: TCPStore, leases: dict[str, str], deadline: float) -> None:
+        self._store = store
+        self._leases = leases  # uid -> lease key
+        self._deadline = deadline
+
+    def set(self, key: str, value: bytes) -> None:
+        self._store.set(key, value)
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        end = self._deadline if timeout is None else min(self._deadline, time.monotonic() + timeout)
+        while True:
+            if self._store.check([key]):
+                return self._store.get(key)
+            gone = []
+            if self._leases and not self._store.check(list(self._leases.values())):
+                gone = [u for u, k in self._leases.items() if not self._store.check([k])]
+            if gone:
+                raise ElasticError(f"member(s) {', '.join(gone)} left while the group formed")
+            left = end - time.monotonic()
+            if left <= 0:
+                raise StoreError(f"timed out waiting for {key!r} while the group formed")
+            try:
+                return self._store.get(key, min(_SLICE, left))
+            except StoreError:
+                if self._store.check([key]):
+                    return self._store.get(key)
+                if time.monotonic() >= end:
+                    raise
+
+    def close(self) -> None:
+        pass
+
+
+class Manager:
+    """Owns the process group of an elastic job and remakes it as members come and go.
+
+    `state_dict()` returns what a member that falls behind or joins must receive (model,
+    optimizer, RNG... anything picklable); `load_state_dict(state)` applies it. The
+    manager adds its own (committed steps, samples consumed) and transfers both.
+
+    Membership bounds: `min_size` and `max_size` (default: PYCOLLECTIVE_ELASTIC=MIN:MAX,
+    which `pycollective run --elastic` sets, else 1 and unbounded); the first round waits
+    for `initial_size` members (default WORLD_SIZE) or, at `join_timeout`, `min_size`.
+    `timeout` bounds every collective (default PYCOLLECTIVE_TIMEOUT). The store is the
+    launcher's (under `pycollective run`), else the one at MASTER_ADDR:MASTER_PORT; when
+    nobody serves it there, the first member starts a store process of its own that
+    outlives it (see _storehost.py; it exits `store_idle` seconds after its last client
+    left), so no member is the store's single point of failure.
+    """
+
+    def __init__(
+        self,
+        state_dict: Callable[[], Any] | None = None,
+        load_state_dict: Callable[[Any], None] | None = None,
+        *,
+        min_size: int | None = None,
+        max_size: int | None = None,
+        initial_size: int | None = None,
+        timeout: float | None = None,
+        join_timeout: float = 10.0,
+        setup_timeout: float = 15.0,
+        store: TCPStore | None = None,
+        job: str | None = None,
+        uid: str | None = None,
+        store_idle: float = 30.0,
+    ) -> None:
+        env = _launch_env.detect()
+        bounds = os.environ.get("PYCOLLECTIVE_ELASTIC")
+        lo, hi = _parse_elastic(bounds) if bounds else (1, 1 << 30)
+        self.min_size = lo if min_size is None else min_size
+        self.max_size = hi if max_size is None else max_size
+        world = env.world_size or 1
+        self.initial_size = min(max(initial_size or world, self.min_size), self.max_size)
+        if not 1 <= self.min_size <= self.max_size:
+            raise UsageError(
+                f"need 1 <= min_size <= max_size, got {self.min_size} and {self.max_size}"
+            )
+        if join_timeout <= 0 or setup_timeout <= 0:
+            raise UsageError("join_timeout and setup_timeout must be positive seconds")
+        self.timeout = _config.timeout_seconds(timeout)
+        self.join_timeout = float(join_timeout)
+        self.setup_timeout = float(setup_timeout)
+        self._state_dict = state_dict
+        self._load_state_dict = load_state_dict
+        self.uid = uid or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._master_addr = env.master_addr or "127.0.0.1"
+        self._order = env.rank if env.rank is not None else 1 << 30
+        self._multi_node = env.multi_node
+        job = job or os.environ.get("PYCOLLECTIVE_JOB_ID") or "job"
+        base = env.store_prefix.rstrip("/") + "/" if env.store_prefix else ""
+        self._prefix = f"{base}elastic/{job}"
+        self._owns_store = store is None
+        self._store_idle = store_idle
+        self._store = store if store is not None else self._connect_store(env)
+        # The lease rides a connection of its own, so nothing else can break it.
+        self._lease_store: TCPStore | None = None
+        try:
+            self._lease_store = TCPStore(
+                self._store.host, self._store.port, timeout=self.timeout,
+                connect_timeout=self.setup_timeout,
+            )  # fmt: skip
+            self._lease_store.set_lease(self._lease_key(self.uid), str(os.getpid()))
+        except BaseException:
+            self.close()
+            raise
+
+        self.step = 0  # committed steps
+        self.samples = 0  # samples consumed by committed steps (ElasticSampler)
+        self.events: list[Event] = []
+        self.group: ProcessGroup | None = None
+        self._world: World | None = None
+        self._round: int | None = None  # the last round this member belonged to
+        self._members: list[str] = []
+        self._fresh = True
+        self._error: BaseException | None = None
+        self._pending = False  # a newcomer waits (seen by the last step's carrier)
+        self._carried = False  # this step's gradients carried the joiner flag
+        self._in_step = False
+        self._store_warned = False
+        self._closed = False
+        self._sampler: Any = None
+        self._flat: dict[Any, Any] = {}
+
+    # ----------------------------------------------------------------- what users read
+
+    @property
+    def rank(self) -> int:
+        """This member's rank in the current group (-1 before the first round)."""
+        return self.group.rank() if self.group is not None else -1
+
+    @property
+    def size(self) -> int:
+        return self.group.size() if self.group is not None else 0
+
+    @property
+    def round(self) -> int | None:
+        return self._round
+
+    @property
+    def members(self) -> list[str]:
+        return list(self._members)
+
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+    # ------------------------------------------------------------------ the step cycle
+
+    def steps(self, total: Any) -> Iterator[int]:
+        """`for step in manager.steps(N):` runs steps until N are committed (by any member:
+        one that falls behind and receives the state at step N stops too), then agrees with
+        the others that the job is done (finish())."""
+        while True:
+            try:
+                self.start_step()
+            except JobFinished:
+                log.info("elastic: the job finished before this member joined")
+                return
+            if total <= self.step:  # `total` may be any object comparing with an int
+                break
+            yield self.step
+        self.finish()
+
+    def start_step(self) -> None:
+        """At a step boundary: remake the group if the last step failed here or a member
+        waits to join (every member learns the same), then begin a step."""
+        if self._closed:
+            raise UsageError("this elastic Manager was closed")
+        need = self.group is None or self._error is not None
+        if not need:
+            need = self._joiner_waits()
+        if need:
+            self._reconfigure()
+        self._error = None
+        self._carried = False
+        self._pending = False
+        self._in_step = True
+
+    def report_error(self, exc: BaseException) -> None:
+        """Record a failure of this step that the manager did not see (a collective the
+        script ran itself on manager.group): the step will not commit here."""
+        if self._error is None:
+            self._error = exc
+
+    def errored(self) -> BaseException | None:
+        return self._error
+
+    def should_commit(self) -> bool:
+        """True if every collective of this step succeeded on this member: apply the
+        update now. The committed step count (and samples consumed) go up."""
+        ok = self._in_step and self._error is None and self.group is not None
+        self._in_step = False
+        if ok:
+            self.step += 1
+            if self._sampler is not None:
+                self.samples += self._sampler.global_batch
+        return ok
+
+    # ------------------------------------------------------------------ collectives
+
+    def allreduce(self, buf: Any, op: ReduceOp | str = ReduceOp.SUM) -> bool:
+        """all_reduce over the current group; a failure is recorded (the step will not
+        commit) instead of raised. Returns whether it succeeded."""
+        if self._error is not None or self.group is None:
+            return False
+        try:
+            _coll.all_reduce(buf, op=op, group=self.group)
+            return True
+        except CollectiveError as exc:
+            self.report_error(exc)
+            return False
+
+    def average(self, buffers: Sequence[Any]) -> bool:
+        """Average gradients (numpy arrays, CPU torch tensors: anything numpy can view,
+        modified in place) over the members, in one flat all_reduce per dtype. Each
+        member's part is weighted by its share of the step's global batch (ElasticSampler),
+        else by 1/size, so the result is the mean over the samples the step used. The
+        flag that a newcomer waits rides along as one more element, so noticing joiners
+        costs no collective of its own. A failure is recorded (see should_commit)."""
+        if self._error is not None or self.group is None:
+            return False
+        weight = self._sampler.share() if self._sampler is not None else 1.0 / self.size
+        views = [np.asarray(b) for b in buffers]
+        by_dtype: dict[np.dtype, list[np.ndarray]] = {}
+        for v in views:
+            by_dtype.setdefault(v.dtype, []).append(v)
+        flag = 1.0 if self.is_leader() and self._leader_sees_joiner() else 0.0
+        for n, dtype in enumerate(sorted(by_dtype, key=str)):
+            vs = by_dtype[dtype]
+            total = sum(v.size for v in vs)
+            flat = self._flat.get((dtype, total))
+            if flat is None:
+                flat = self._flat[(dtype, total)] = np.empty(total + 1, dtype)
+            at = 0
+            for v in vs:
+                flat[at : at + v.size] = v.reshape(-1)
+                at += v.size
+            if weight != 1.0:
+                np.multiply(flat[:total], weight, out=flat[:total], casting="unsafe")
+            flat[total] = flag if n == 0 else 0
+            if not self.allreduce(flat, ReduceOp.SUM):
+                return False
+            if n == 0:
+                self._pending = bool(flat[total] > 0)
+                self._carried = True
+            at = 0
+            for v in vs:
+                v.reshape(-1)[:] = flat[at : at + v.size]  # v is contiguous: a view
+                at += v.size
+        return True
+
+    # ------------------------------------------------------------------ leaving
+
+    def finish(self) -> None:
+        """After the last step: agree with the other members that every one of them holds
+        the same committed state (a member whose last step failed receives it now), so
+        that none leaves while another would still need it. Bounded like every round."""
+        deadline = time.monotonic() + self._bound()
+        while not self._closed:
+            if self.group is not None and self._error is None:
+                mine = np.array([self.step], np.int64)
+                got = np.zeros(self.size, np.int64)
+                try:
+                    _coll.all_gather_into_tensor(got, mine, group=self.group)
+                    if int(got.min()) == int(got.max()) == self.step:
+                        break
+                    self._error = ElasticError(f"members disagree on the final step: {got}")
+                except CollectiveError as exc:
+                    self._error = exc
+            if time.monotonic() > deadline:
+                raise ElasticError("the members did not agree on the final step in time")
+            self._reconfigure()
+            self._error = None
+        try:
+            self._store.set(f"{self._prefix}/done", str(self.step))
+        except StoreError:
+            pass
+
+    def close(self) -> None:
+        """Leave the job: close the group, end the lease, close the store (if ours)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._close_world()
+        for store in (self._lease_store, self._store if self._owns_store else None):
+            if store is not None:
+                try:
+                    store.close()
+                except (OSError, StoreError):
+                    pass
+
+    def __enter__(self) -> Manager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _bound(self) -> float:
+        return self.join_timeout + 2 * self.setup_timeout + self.timeout
+
+    def _lease_key(self, uid: str) -> str:
+        return f"{self._prefix}/lease/{uid}"
+
+    def _key(self, *parts: object) -> str:
+        return "/".join([self._prefix, *map(str, parts)])
+
+    def _connect_store(self, env: _launch_env.LaunchEnv) -> TCPStore:
+        host, port = env.master_addr, env.master_port
+        if host is None or port is None:
+            raise UsageError(
+                "an elastic job needs its store: start it with `pycollective run --elastic "
+                "MIN:MAX`, or set MASTER_ADDR and MASTER_PORT on every member"
+            )
+        secret = secret_from_env()
+        if env.store_host == "launcher" or not _is_local(host):
+            return TCPStore(host, port, secret, timeout=self.timeout,
+                            connect_timeout=self.setup_timeout)  # fmt: skip
+        try:
+            return TCPStore(host, port, secret, timeout=self.timeout, connect_timeout=0.3)
+        except StoreError:
+            pass
+        # Nobody serves it yet: start a store host of our own, in a session of its own
+        # so that it outlives this member (several members may race; one binds).
+        bind = host if _netutil.is_loopback(host) else ""
+        subprocess.Popen(
+            [sys.executable, "-m", "pycollective.elastic._storehost", bind, str(port),
+             str(self._store_idle)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True,
+        )  # fmt: skip
+        store = TCPStore(host, port, secret, timeout=self.timeout,
+                         connect_timeout=self.setup_timeout)  # fmt: skip
+        try:
+            store.compare_set(self._key("store-started-by"), "", str(os.getpid()))
+        except StoreError:
+            pass
+        return store
+
+    def _alive(self, uid: str) -> bool:
+        return self._store.check([self._lease_key(uid)])
+
+    def _leader_sees_joiner(self) -> bool:
+        if self._round is None:
+            return False
+        try:
+            return self._store.check([self._key("round", self._round + 1, "n")])
+        except StoreError as exc:
+            if not self._store_warned:
+                self._store_warned = True
+                log.warning("elastic: the store is unreachable (%s); no member can join, and "
+                            "the next membership change will fail", exc)  # fmt: skip
+            return False
+
+    def _joiner_waits(self) -> bool:
+        """Whether to remake the group now (every member computes the same)."""
+        if self._carried:
+            return self._pending
+        flag = np.array([1 if self.is_leader() and self._leader_sees_joiner() else 0], np.int64)
+        try:
+            _coll.all_reduce(flag, op=ReduceOp.MAX, group=self.group)
+        except CollectiveError as exc:
+            self._error = exc
+            return True
+        return bool(flag[0])
+
+    def _close_world(self) -> None:
+        world, self._world, self.group = self._world, None, None
+        if world is not None:
+            try:
+                rendezvous.close_world(world)
+            except (CollectiveError, OSError) as exc:
+                log.debug("elastic: closing the old group: %s", exc)
+
+    def _poisoned(self) -> str | None:
+        key = self._key("failed")
+        if self._store.check([key]):
+            return self._store.get(key).decode("utf-8", "replace")
+        return None
+
+    def _latest(self) -> int:
+        key = self._key("latest")
+        return int(self._store.get(key)) if self._store.check([key]) else -1
+
+    def _set_latest(self, t: int) -> None:
+        key = self._key("latest")
+        for _ in range(100):  # raced by a later round only: then it is already higher
+            current = self._store.get(key) if self._store.check([key]) else b""
+            if current and int(current) >= t:
+                return
+            if self._store.compare_set(key, current, str(t)) == str(t).encode():
+                return
+
+    def _reconfigure(self) -> None:
+        """Leave the old group and settle into a new one (bounded; raises ElasticError)."""
+        started, t0 = time.time(), time.monotonic()
+        deadline = t0 + self._bound()
+        reason = f"{type(self._error).__name__}: {self._error}" if self._error else "join"
+        old = list(self._members)
+        self._close_world()
+        t = self._round + 1 if self._round is not None else self._latest() + 1
+        while True:
+            poison = self._poisoned()
+            if poison is not None:
+                raise ElasticError(f"the elastic job failed: {poison}")
+            if self._finished():
+                raise JobFinished("the elastic job finished before this member could join")
+            if time.monotonic() > deadline:
+                raise ElasticError(f"no new group formed within {self._bound():g} s")
+            decision = self._decide(t, deadline)
+            if decision.failed:
+                self._store.compare_set(self._key("failed"), "", decision.failed)
+                raise ElasticError(decision.failed)
+            if self.uid not in decision.uids:
+                t += 1  # decided without us (we came late): ask the next round
+                continue
+            try:
+                received = self._form(decision)
+            except (CollectiveError, OSError) as exc:
+                log.info("elastic: round %d did not form (%s); trying the next", t, exc)
+                self._close_world()
+                self._round, self._members = t, decision.uids
+                t += 1
+                continue
+            now = set(decision.uids)
+            event = Event(
+                t, decision.uids, self.rank, sorted(set(old) - now), sorted(now - set(old)),
+                self.step, received, started, time.monotonic() - t0, reason,
+            )  # fmt: skip
+            self.events.append(event)
+            log.info("elastic: round %d: %d members, rank %d, step %d (%.3f s)",
+                     t, len(now), self.rank, self.step, event.seconds)  # fmt: skip
+            return
+
+    def _finished(self) -> bool:
+        return self._fresh and self._store.check([self._key("done")])
+
+    def _decide(self, t: int, deadline: float) -> Decision:
+        """Register for round t and wait for its decision (deciding it when ours to)."""
+        me = Registration(
+            self.uid, self.step, self._fresh, socket.gethostname(), os.getpid(), self._order
+        )
+        i = self._store.add(self._key("round", t, "n"), 1)
+        self._store.set(self._key("round", t, "reg", i), json.dumps(me.to_json()))
+        decision_key = self._key("round", t, "decision")
+        previous = self._previous(t)
+        regs: dict[int, Registration] = {}
+        joined_at = time.monotonic()
+        # A newcomer waits as long as a step may take; a member, the join timeout.
+        wait = self.join_timeout if previous is None or self.uid in previous else self.timeout
+        while True:
+            if self._store.check([decision_key]):
+                return Decision.from_json(json.loads(self._store.get(decision_key)))
+            may_decide = previous is None or self.uid in previous
+            if may_decide:
+                n = int(self._store.get(self._key("round", t, "n")))
+                for j in range(1, n + 1):
+                    key = self._key("round", t, "reg", j)
+                    if j not in regs and self._store.check([key]):
+                        regs[j] = Registration.from_json(json.loads(self._store.get(key)))
+                listed = [regs[j] for j in sorted(regs)]
+                watch = ({r.uid for r in listed} | set(previous or [])) - {self.uid}
+                dead = self._dead(watch)
+                timed_out = time.monotonic() - joined_at > wait
+                d = decide(
+                    t, self.uid, previous, listed, dead, timed_out,
+                    min_size=self.min_size, max_size=self.max_size, initial=self.initial_size,
+                    held=self._store.check([self._key("held")]),
+                )  # fmt: skip
+                if d is not None:
+                    self._store.compare_set(decision_key, "", json.dumps(d.to_json()))
+                    continue  # read back whichever decision won
+            elif self._finished():
+                raise JobFinished("the elastic job finished before this member could join")
+            elif time.monotonic() - joined_at > wait:
+                raise ElasticError(f"no member let this one join within {wait:g} s (round {t})")
+            poison = self._poisoned()
+            if poison is not None:
+                raise ElasticError(f"the elastic job failed: {poison}")
+            if time.monotonic() > deadline:
+                raise ElasticError(f"round {t} was not decided in time")
+            try:  # sleeps until the decision is set, or _POLL
+                self._store.wait([decision_key], _POLL)
+            except StoreError:
+                pass
+
+    def _dead(self, uids: set[str]) -> set[str]:
+        """The members among `uids` whose lease ended (one request when all are alive)."""
+        if not uids or self._store.check([self._lease_key(u) for u in uids]):
+            return set()
+        return {u for u in uids if not self._alive(u)}
+
+    def _previous(self, t: int) -> list[str] | None:
+        if t == 0:
+            return None
+        if self._round == t - 1 and self._members:
+            return list(self._members)
+        key = self._key("round", t - 1, "decision")
+        if not self._store.check([key]):
+            return None if t == 0 else []
+        return Decision.from_json(json.loads(self._store.get(key))).uids
+
+    def _form(self, decision: Decision) -> bool:
+        """Connect the decided members and bring everyone to the donor's state."""
+        t = decision.round
+        uids = decision.uids
+        rank = uids.index(self.uid)
+        size = len(uids)
+        leases = {u: self._lease_key(u) for u in uids if u != self.uid}
+        store = _WatchedStore(self._store, leases, time.monotonic() + self.setup_timeout)
+        world = rendezvous.connect_world(
+            rank, size, store, self.setup_timeout, self._key("round", t, "mesh"),
+            master_addr=self._master_addr, multi_node=self._multi_node,
+        )  # fmt: skip
+        self._world = world
+        # A new id per round: no frame of an earlier group can pass for one of this group.
+        gid = zlib.crc32(f"{self._prefix}/round/{t}".encode()) or 1
+        group = ProcessGroup(world, tuple(range(size)), gid, f"elastic#{t}", self.timeout)
+        self.group = group
+        received = False
+        if decision.behind:
+            donor = uids.index(decision.donor)
+            behind = [uids.index(u) for u in decision.behind]
+            if rank == donor:
+                payload = pickle.dumps(self._full_state(), protocol=pickle.HIGHEST_PROTOCOL)
+                data = np.frombuffer(payload, np.uint8).copy()
+                length = np.array([data.size], np.int64)
+                for b in behind:
+                    _p2p.send(length, dst=b, group=group)
+                    _p2p.send(data, dst=b, group=group)
+            elif rank in behind:
+                length = np.zeros(1, np.int64)
+                _p2p.recv(length, src=donor, group=group)
+                data = np.empty(int(length[0]), np.uint8)
+                _p2p.recv(data, src=donor, group=group)
+                self._apply_state(pickle.loads(data.tobytes()))
+                received = True
+        self._round, self._members, self._fresh = t, uids, False
+        try:
+            self._set_latest(t)
+            if t == 0 or not self._store.check([self._key("held")]):
+                self._store.set(self._key("held"), "1")  # from now on a holder is needed
+        except StoreError:
+            pass
+        return received
+
+    def _full_state(self) -> dict[str, Any]:
+        user = self._state_dict() if self._state_dict is not None else None
+        return {"step": self.step, "samples": self.samples, "user": user}
+
+    def _apply_state(self, state: dict[str, Any]) -> None:
+        if self._load_state_dict is not None and state["user"] is not None:
+            self._load_state_dict(state["user"])
+        self.step = int(state["step"])
+        self.samples = int(state["samples"])
+
+
+def _is_local(host: str) -> bool:
+    if _netutil.is_loopback(host):
+        return True
+    try:
+        return host in {socket.gethostname(), _netutil.address_towards(host)}
+    except OSError:
+        return False
+
+
+__all__ = ["ElasticError", "Event", "JobFinished", "Manager"]
