@@ -33,6 +33,9 @@ class Engine:
         self._p2p_runner: Callable[[list[tuple[Any, Work]]], None] | None = None
         self._owner: int | None = None  # thread id running the current job
         self._interrupt: Callable[[str], None] | None = None
+        # Threads other than the worker waiting on _cv (run, idle, stop): a job that ends
+        # notifies only if one does or work is queued (notify_all costs a microsecond).
+        self._waiters = 0
 
     def set_interrupt(self, interrupt: Callable[[str], None]) -> None:
         """`interrupt(reason)` makes the job in progress (and later ones) fail promptly."""
@@ -45,7 +48,8 @@ class Engine:
 
     def run(self, job: Job) -> Any:
         """Run `job` in this thread after everything issued before it."""
-        self.flush_p2p()
+        if self._p2p:
+            self.flush_p2p()
         me = threading.get_ident()
         entered = False
         # The try starts before the state is set: a KeyboardInterrupt can land between any
@@ -54,7 +58,7 @@ class Engine:
         try:
             with self._cv:
                 while self._queue or self._running:
-                    self._cv.wait()
+                    self._wait()
                 if self._stopped:
                     raise UsageError("the process group was destroyed")
                 self._owner = me
@@ -65,7 +69,24 @@ class Engine:
                 with self._cv:
                     self._running = False
                     self._owner = None
-                    self._cv.notify_all()
+                    if self._queue or self._waiters:
+                        self._cv.notify_all()
+
+    def _wait(self, timeout: float | None = None) -> bool:
+        """cv.wait, counted in _waiters (the lock is held)."""
+        self._waiters += 1
+        try:
+            return self._cv.wait(timeout)
+        finally:
+            self._waiters -= 1
+
+    def _wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """cv.wait_for, counted in _waiters (the lock is held)."""
+        self._waiters += 1
+        try:
+            return self._cv.wait_for(predicate, timeout)
+        finally:
+            self._waiters -= 1
 
     def submit(self, job: Job, work: Work) -> Work:
         """Run `job` on the worker thread after everything issued before it."""
@@ -106,7 +127,8 @@ class Engine:
                     self._queue.popleft()
                     self._running = False
                     self._owner = None
-                    self._cv.notify_all()
+                    if self._waiters:  # the worker itself looks at the queue again
+                        self._cv.notify_all()
 
     # ------------------------------------------------------------------ point-to-point
 
@@ -150,7 +172,7 @@ class Engine:
         self.flush_p2p()
         with self._cv:
             while self._queue or self._running:
-                self._cv.wait()
+                self._wait()
 
     def stop(self, timeout: float = 5.0, grace: float = 0.5) -> None:
         """Refuse new work; give what was issued `grace` seconds to finish, then interrupt
@@ -165,9 +187,9 @@ class Engine:
             def drained() -> bool:
                 return (not self._queue and not self._running) or self._owner == me
 
-            if not self._cv.wait_for(drained, grace) and self._interrupt is not None:
+            if not self._wait_for(drained, grace) and self._interrupt is not None:
                 self._interrupt("the process group was destroyed while this was in progress")
-            self._cv.wait_for(drained, timeout)
+            self._wait_for(drained, timeout)
             leftover = [work for _, work in self._queue if self._owner != me]
         thread = self._thread
         if thread is not None and thread.ident != me:
