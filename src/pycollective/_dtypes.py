@@ -22,6 +22,11 @@ class DType:
     kind: str  # "f" float, "i" signed int, "u" unsigned int, "b" bool, "c" complex
     numpy: np.dtype  # the storage dtype of the flat view we hand to numpy
 
+    def __hash__(self) -> int:
+        # Calls are cached by keys holding their DType: hash by the code alone (every
+        # DType is one of the table's, so equal ones have equal codes).
+        return self.code
+
     @property
     def is_integral(self) -> bool:
         return self.kind in "iub"
