@@ -82,6 +82,7 @@ class Work:
         self._future = Future()
         self._result = result
         self._on_demand = on_demand  # starts deferred work (batched point-to-point)
+        self._run_here: Callable[[Work], None] | None = None  # set by Engine.submit
         self.src_rank = -1  # set by receives
 
     # -- completion, called by the engine
@@ -101,6 +102,8 @@ class Work:
         """Block until done; re-raise the operation's error. Returns True, like torch."""
         self._kick()
         seconds = _seconds(timeout)
+        if seconds is None and self._run_here is not None and not self._future.done():
+            self._run_here(self)  # no bound to keep: run it here if it has not started
         if not self._future._event.wait(seconds):
             raise CollectiveTimeout(
                 f"{self.label} did not complete within {seconds} s", op=self.label
