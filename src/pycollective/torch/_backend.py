@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import functools
 import itertools
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,7 +35,7 @@ from ..core.group import group_id_for
 from ..core.work import Work as _OurWork
 from ..core.world import World, count_traffic
 from ..transport import counting as _traffic
-from ._work import TorchWork, completed
+from ._work import TorchWork, completed, torch_error
 
 BACKEND_NAME = "pycollective"
 
@@ -107,27 +108,52 @@ def _flat_tensors(x: Any) -> list[torch.Tensor]:
     return []
 
 
-def _profiled(
+_calls = threading.local()
+
+
+def _asynchronous() -> bool:
+    """Whether the call being issued runs asynchronously (see _torch_call)."""
+    return not getattr(_calls, "sync", False)
+
+
+def _torch_call(
     title: str, arg: int = 0
 ) -> Callable[[Callable[..., TorchWork]], Callable[..., TorchWork]]:
-    """While torch's profiler records, each call is an asynchronous event named like
-    gloo's ("pycollective:all_reduce"), with the tensors of positional argument `arg` as
-    its inputs (as gloo records them), that ends when the operation completes."""
+    """What every collective method does around its body.
+
+    - torch's functions set `asyncOp` in the options they pass: False means the caller
+      waits at once, so the call runs synchronously in the caller's thread (no thread
+      switches: a small synchronous all_reduce costs what our own API's does) and returns
+      a completed Work. C++ callers (DDP's reducer) leave it True: asynchronous.
+    - Errors are raised as torch's DistBackendError too (torch_error).
+    - While torch's profiler records, the call is an asynchronous event named like gloo's
+      ("pycollective:all_reduce") with the tensors of positional argument `arg` as its
+      inputs (as gloo records them), ending when the operation completes.
+    """
 
     def wrap(method: Callable[..., TorchWork]) -> Callable[..., TorchWork]:
         @functools.wraps(method)
         def run(self: PycollectiveProcessGroup, *args: Any, **kwargs: Any) -> TorchWork:
-            if not torch.autograd._profiler_enabled():
-                return method(self, *args, **kwargs)
-            inputs = tuple(_flat_tensors(args[arg])) if len(args) > arg else ()
-            event = _RecordFunctionFast(f"{self._profile_name}:{title}", inputs, {})
-            event.__enter__()
+            sync = any(getattr(a, "asyncOp", True) is False for a in args) or (
+                getattr(kwargs.get("opts"), "asyncOp", True) is False
+            )
+            event = None
+            if torch.autograd._profiler_enabled():
+                inputs = tuple(_flat_tensors(args[arg])) if len(args) > arg else ()
+                event = _RecordFunctionFast(f"{self._profile_name}:{title}", inputs, {})
+                event.__enter__()
+                sync = False  # the event must end on another thread: asynchronous
+            _calls.sync = sync
             try:
                 work = method(self, *args, **kwargs)
-            except BaseException:
-                event.__exit__(None, None, None)
-                raise
-            work._end_event_on_delivery(event)
+            except BaseException as exc:
+                if event is not None:
+                    event.__exit__(None, None, None)
+                raise torch_error(exc) from None
+            finally:
+                _calls.sync = False
+            if event is not None:
+                work._end_event_on_delivery(event)
             return work
 
         return run
@@ -293,7 +319,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
 
     # ------------------------------------------------------------------ collectives
 
-    @_profiled("all_reduce")
+    @_torch_call("all_reduce")
     def allreduce(
         self, tensors: Any, opts: Any = None, timeout: Any = None, *, op: Any = None
     ) -> TorchWork:
@@ -305,7 +331,9 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
             return self._sparse_allreduce(tensors, rop, seconds)
         staged = _Staged()
         works = [
-            _api.all_reduce(staged.out(t, "allreduce tensor"), rop, self._pg, async_op=True)
+            _api.all_reduce(
+                staged.out(t, "allreduce tensor"), rop, self._pg, async_op=_asynchronous()
+            )
             for t in tensors
         ]
         return self._work(works, staged.finish(), tensors, seconds)
@@ -346,7 +374,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         t.copy_(total)  # in place, as gloo leaves it
         return self._work([], None, [t], seconds)
 
-    @_profiled("all_reduce")
+    @_torch_call("all_reduce")
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> TorchWork:
         """One all-reduce over the tensors laid end to end, then copied back."""
         tensors = _tensors(tensors, "allreduce_coalesced tensors")
@@ -357,7 +385,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
             raise UsageError(f"allreduce_coalesced needs one dtype, got {sorted(map(str, dtypes))}")
         op = _op_of(opts)
         flat = torch.cat([_dense(t, "allreduce tensor").reshape(-1) for t in tensors])
-        work = _api.all_reduce(flat, op, self._pg, async_op=True)
+        work = _api.all_reduce(flat, op, self._pg, async_op=_asynchronous())
 
         def copy_back() -> None:
             offset = 0
@@ -368,7 +396,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
 
         return self._work([work], copy_back, tensors, _timeout_of(opts))
 
-    @_profiled("broadcast")
+    @_torch_call("broadcast")
     def broadcast(
         self, tensors: Any, opts: Any = None, timeout: Any = None, *, root: Any = None
     ) -> TorchWork:
@@ -378,13 +406,16 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         staged = _Staged()
         works = [
             _api.broadcast(
-                staged.out(t, "broadcast tensor"), group=self._pg, async_op=True, group_src=src
+                staged.out(t, "broadcast tensor"),
+                group=self._pg,
+                async_op=_asynchronous(),
+                group_src=src,
             )
             for t in tensors
         ]
         return self._work(works, staged.finish(), tensors, _timeout_of(opts, timeout))
 
-    @_profiled("reduce")
+    @_torch_call("reduce")
     def reduce(
         self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None,
         *, root: Any = None,
@@ -397,10 +428,10 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
             dst, rop = _root_of(root if root is not None else opts), _op_of(op)
         staged = _Staged()
         t = staged.out(self._one(tensors, "reduce"), "reduce tensor")
-        work = _api.reduce(t, op=rop, group=self._pg, async_op=True, group_dst=dst)
+        work = _api.reduce(t, op=rop, group=self._pg, async_op=_asynchronous(), group_dst=dst)
         return self._work([work], staged.finish(), tensors, _timeout_of(opts, timeout))
 
-    @_profiled("all_gather", 1)
+    @_torch_call("all_gather", 1)
     def allgather(
         self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None
     ) -> TorchWork:
@@ -417,9 +448,9 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         staged = _Staged()
         inp = staged.inp(inp, "allgather input")
         targets = [staged.out(o, "allgather output") for o in outs]
-        return [_api.all_gather(targets, inp, self._pg, async_op=True)], staged.finish()
+        return [_api.all_gather(targets, inp, self._pg, async_op=_asynchronous())], staged.finish()
 
-    @_profiled("all_gather_into_tensor", 1)
+    @_torch_call("all_gather_into_tensor", 1)
     def _allgather_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> TorchWork:
@@ -431,9 +462,11 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         staged = _Staged()
         out = staged.out(output, "all_gather_into_tensor output")
         inp = staged.inp(input, "all_gather_into_tensor input")
-        return [_api.all_gather_into_tensor(out, inp, self._pg, async_op=True)], staged.finish()
+        return [
+            _api.all_gather_into_tensor(out, inp, self._pg, async_op=_asynchronous())
+        ], staged.finish()
 
-    @_profiled("all_gather", 1)
+    @_torch_call("all_gather", 1)
     def allgather_coalesced(
         self, output_lists: Any, input_list: Any, opts: Any = None
     ) -> TorchWork:
@@ -458,7 +491,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         ]
         return self._work(*_join(parts), output_lists, _timeout_of(opts))
 
-    @_profiled("all_gather_into_tensor_coalesced", 1)
+    @_torch_call("all_gather_into_tensor_coalesced", 1)
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> TorchWork:
@@ -467,7 +500,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
-    @_profiled("reduce_scatter")
+    @_torch_call("reduce_scatter")
     def reduce_scatter(
         self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None,
         *, op: Any = None,
@@ -483,10 +516,10 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         staged = _Staged()
         out = staged.out(out_t, "reduce_scatter output")
         ins = [staged.inp(t, "reduce_scatter input") for t in ins_t]
-        work = _api.reduce_scatter(out, ins, rop, self._pg, async_op=True)
+        work = _api.reduce_scatter(out, ins, rop, self._pg, async_op=_asynchronous())
         return self._work([work], staged.finish(), output_tensors, _timeout_of(opts, timeout))
 
-    @_profiled("reduce_scatter_tensor")
+    @_torch_call("reduce_scatter_tensor")
     def _reduce_scatter_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> TorchWork:
@@ -500,10 +533,10 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         staged = _Staged()
         out = staged.out(output, "reduce_scatter_tensor output")
         inp = staged.inp(input, "reduce_scatter_tensor input")
-        work = _api.reduce_scatter_tensor(out, inp, op, self._pg, async_op=True)
+        work = _api.reduce_scatter_tensor(out, inp, op, self._pg, async_op=_asynchronous())
         return [work], staged.finish()
 
-    @_profiled("reduce_scatter_tensor_coalesced")
+    @_torch_call("reduce_scatter_tensor_coalesced")
     def reduce_scatter_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> TorchWork:
@@ -512,7 +545,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
-    @_profiled("gather", 1)
+    @_torch_call("gather", 1)
     def gather(
         self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None
     ) -> TorchWork:
@@ -529,10 +562,10 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         staged = _Staged()
         inp = staged.inp(inp_t, "gather input")
         outs = None if outs_t is None else [staged.out(o, "gather output") for o in outs_t]
-        work = _api.gather(inp, outs, group=self._pg, async_op=True, group_dst=dst)
+        work = _api.gather(inp, outs, group=self._pg, async_op=_asynchronous(), group_dst=dst)
         return self._work([work], staged.finish(), output_tensors, seconds)
 
-    @_profiled("scatter", 1)
+    @_torch_call("scatter", 1)
     def scatter(
         self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None
     ) -> TorchWork:
@@ -550,10 +583,10 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         staged = _Staged()
         out = staged.out(out_t, "scatter output")
         ins = None if ins_t is None else [staged.inp(t, "scatter input") for t in ins_t]
-        work = _api.scatter(out, ins, group=self._pg, async_op=True, group_src=src)
+        work = _api.scatter(out, ins, group=self._pg, async_op=_asynchronous(), group_src=src)
         return self._work([work], staged.finish(), output_tensors, seconds)
 
-    @_profiled("all_to_all", 1)
+    @_torch_call("all_to_all", 1)
     def alltoall(
         self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
         opts: Any = None,
@@ -561,10 +594,10 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         staged = _Staged()
         outs = [staged.out(t, "alltoall output") for t in output_tensors]
         ins = [staged.inp(t, "alltoall input") for t in input_tensors]
-        work = _api.all_to_all(outs, ins, self._pg, async_op=True)
+        work = _api.all_to_all(outs, ins, self._pg, async_op=_asynchronous())
         return self._work([work], staged.finish(), output_tensors, _timeout_of(opts))
 
-    @_profiled("all_to_all", 1)
+    @_torch_call("all_to_all", 1)
     def alltoall_base(
         self,
         output: torch.Tensor,
@@ -579,17 +612,17 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         inp = staged.inp(input, "all_to_all_single input")
         work = _api.all_to_all_single(
             out, inp, list(output_split_sizes) or None, list(input_split_sizes) or None,
-            self._pg, async_op=True,
+            self._pg, async_op=_asynchronous(),
         )  # fmt: skip
         return self._work([work], staged.finish(), output, _timeout_of(opts))
 
     all_to_all_single = alltoall_base
 
-    @_profiled("barrier")
+    @_torch_call("barrier")
     def barrier(self, opts: Any = None, timeout: Any = None) -> TorchWork:
         """barrier(BarrierOptions) | barrier(timeout)."""
         seconds = _timeout_of(timeout, opts)
-        return self._work([_api.barrier(self._pg, async_op=True)], None, None, seconds)
+        return self._work([_api.barrier(self._pg, async_op=_asynchronous())], None, None, seconds)
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """A barrier that names the ranks that did not arrive, with gloo's messages.
@@ -627,20 +660,20 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
 
     # ------------------------------------------------------------------ point-to-point
 
-    @_profiled("send")
+    @_torch_call("send")
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> TorchWork:  # noqa: N803
         t = _Staged().inp(self._one(_tensors(tensors, "send"), "send"), "send tensor")
         work = _p2p.isend(t, group=self._pg, tag=tag, group_dst=dstRank)
         return self._work([work], None, tensors)
 
-    @_profiled("recv")
+    @_torch_call("recv")
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> TorchWork:  # noqa: N803
         staged = _Staged()
         t = staged.out(self._one(_tensors(tensors, "recv"), "recv"), "recv tensor")
         work = _p2p.irecv(t, group=self._pg, tag=tag, group_src=srcRank)
         return self._work([work], staged.finish(), tensors)
 
-    @_profiled("recvAnySource")
+    @_torch_call("recvAnySource")
     def recv_anysource(self, tensors: Any, tag: int = 0) -> TorchWork:
         staged = _Staged()
         t = staged.out(self._one(_tensors(tensors, "recv"), "recv"), "recv tensor")

@@ -238,6 +238,7 @@ class TorchWork(tdist.Work):
         self._delivered = False  # claimed by a deliverer
         self._level = _level_for_new_work()
         self._profiled = False  # a profiler event ends on completion: leave it to its thread
+        self._waiters = 0  # threads inside wait(), which deliver on their way out
         self._event: Any = None
         _keep(self)
         if not works:
@@ -258,6 +259,8 @@ class TorchWork(tdist.Work):
                 return
             self._settled = True
             self._exc = exc
+            if self._waiters and not self._profiled:
+                return  # a thread in wait() delivers it on its way out
         _post(self._level, self._deliver)
 
     def _deliver(self) -> None:
@@ -298,17 +301,27 @@ class TorchWork(tdist.Work):
         seconds = _seconds(timeout)
         if seconds is None:
             seconds = self._timeout
+        with self._lock:
+            self._waiters += 1
         try:
             for w in self._works:
                 w.wait(seconds)  # raises the operation's own error (CollectiveError)
         except BaseException as exc:
-            if not isinstance(exc, CollectiveTimeout) or self._settled:
-                self._deliver()
+            self._leave_wait()
             raise torch_error(exc) from None
-        if not self._profiled:
-            self._deliver()  # if a completion thread has not yet: never wait behind it
+        self._leave_wait()
         self._future.wait()  # also raises an error from `finish`
         return True
+
+    def _leave_wait(self) -> None:
+        """A waiter delivers a settled work itself (never queue behind a completion thread
+        busy with another callback); a profiled one is left to its thread (the profiler
+        event must end there to be recorded as asynchronous)."""
+        with self._lock:
+            self._waiters -= 1
+            mine = self._settled and not self._delivered and not self._profiled
+        if mine:
+            self._deliver()
 
     def is_completed(self) -> bool:
         if not self._future.done() and self._settled:
