@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # mpirun and a real mpiexec.hydra.
 APT_PACKAGES := openmpi-bin libopenmpi-dev mpich
 
-.PHONY: setup system-deps test faults demo bench compare multihost lint clean
+.PHONY: setup system-deps test faults demo bench compare multihost torch-suite lint clean
 
 setup: $(STAMP)
 
@@ -85,6 +85,17 @@ multihost: setup
 		echo "make multihost builds network namespaces (ip netns, tc): run it as root"; exit 2; \
 	fi
 	$(PY) benchmarks/multihost.py $(MULTIHOST_ARGS)
+
+# torch's own backend test suite (distributed_test.py, shipped in the torch wheel) against the
+# "pycollective" backend at world sizes 2 and 3: as pycollective, in gloo's place, and torch's
+# gloo for comparison (about 15 minutes here). Reports: benchmarks/results/torch_suite_ws{2,3}.json;
+# the numbers are in docs/torch_conformance.md. `make test` runs a subset of it.
+TORCH_SUITE_ARGS ?= --mode as-pycollective,in-gloo-place,gloo
+torch-suite: setup
+	@status=0; for n in 2 3; do \
+		$(PY) tests/torch/torch_suite.py $(TORCH_SUITE_ARGS) --world-size $$n \
+			--json benchmarks/results/torch_suite_ws$$n.json || status=1; \
+	done; exit $$status
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,270 @@
+"""pycollective as a torch backend beside torch's gloo, in the same ranks: DDP and FSDP2
+step times, and what the backend layer itself costs per call.
+
+    python benchmarks/torch_backend.py -n 2,4 [--steps 6] [--rounds 5] [--json OUT]
+
+Each rank has two process groups over the same ranks, the default one on "pycollective"
+and a gloo one, and two copies of each model (one per group, same initial weights). The
+copies take turns, round by round (the order alternating), so the load of a shared
+machine falls on both alike. A step is forward, backward (DDP's buckets all-reduce during
+it; FSDP2 all-gathers and reduce-scatters per layer) and an SGD update; its time is the
+slowest rank's median over rounds. Models: the 30 MB Fashion-MNIST CNN of
+examples/fashion_mnist/models.py (7.5 M parameters, batch 32) and a small transformer
+block (d_model 256, 4 heads, feed-forward 1024, batch 8 x 64 tokens). One intra-op thread
+per rank.
+
+The call rows time one torch.distributed.all_reduce through each group, and the same
+through pycollective's own API on a numpy array: the difference between "torch API" and
+"own API" is what the backend layer adds (tensor views, Work, futures).
+
+Prints markdown tables and the machine's load; writes JSON (default
+benchmarks/results/torch_backend.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+# ---------------------------------------------------------------------- rank side
+
+
+def _rank_main(args: argparse.Namespace) -> None:
+    import numpy as np
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import pycollective
+    import torch
+    from torch import nn
+
+    sys.path.insert(0, str(REPO / "examples" / "fashion_mnist"))
+    import models
+
+    torch.set_num_threads(1)
+    dist.init_process_group("pycollective")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    groups = {"pycollective": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+
+    def fashion() -> nn.Module:
+        return models.large()
+
+    def transformer() -> nn.Module:
+        return nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, batch_first=True)
+
+    g = torch.Generator().manual_seed(rank)
+    inputs = {
+        "fashion": (
+            torch.randn(32, 1, 28, 28, generator=g),
+            torch.randint(0, 10, (32,), generator=g),
+        ),
+        "transformer": (torch.randn(8, 64, 256, generator=g), torch.randn(8, 64, 256, generator=g)),
+    }
+
+    def loss_of(model_name: str, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if model_name == "fashion":
+            return F.cross_entropy(out, target)
+        return F.mse_loss(out, target)
+
+    def wrap(model_name: str, how: str, pg) -> nn.Module:
+        torch.manual_seed(0)
+        net = fashion() if model_name == "fashion" else transformer()
+        if how == "ddp":
+            return DDP(net, process_group=pg)
+        mesh = DeviceMesh.from_group(pg, "cpu")
+        for m in net.children():  # per layer (attention's own linears stay in the root)
+            if isinstance(m, (nn.Linear, nn.Conv2d)):
+                fully_shard(m, mesh=mesh)
+        fully_shard(net, mesh=mesh)
+        return net
+
+    def slowest(x: float) -> float:
+        t = torch.tensor([x], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=groups["gloo"])
+        return float(t.item())
+
+    def time_pair(model_name: str, how: str) -> dict:
+        nets = {b: wrap(model_name, how, pg) for b, pg in groups.items()}
+        opts = {b: torch.optim.SGD(m.parameters(), lr=0.01) for b, m in nets.items()}
+        x, y = inputs[model_name]
+
+        def step(b: str) -> None:
+            opts[b].zero_grad()
+            loss_of(model_name, nets[b](x), y).backward()
+            opts[b].step()
+
+        for b in nets:  # warm-up: buckets built, buffers allocated
+            for _ in range(2):
+                step(b)
+        times: dict[str, list[float]] = {b: [] for b in nets}
+        order = list(nets)
+        for r in range(args.rounds):
+            for b in order if r % 2 == 0 else order[::-1]:
+                dist.barrier(group=groups[b])
+                t0 = time.perf_counter()
+                for _ in range(args.steps):
+                    step(b)
+                times[b].append((time.perf_counter() - t0) / args.steps)
+        row = {"model": model_name, "wrapper": how, "ranks": n}
+        for b, ts in times.items():
+            row[f"{b}_ms"] = round(slowest(statistics.median(ts)) * 1e3, 2)
+        row["ratio"] = round(row["gloo_ms"] / row["pycollective_ms"], 3)
+        return row
+
+    results = [
+        time_pair(model_name, how)
+        for model_name in args.models.split(",")
+        for how in args.wrappers.split(",")
+    ]
+
+    # One call through each layer: torch API on both groups, and (small sizes, where it
+    # is the overhead that shows) pycollective's own API on a numpy array.
+    pycollective.init_process_group(store=dist.distributed_c10d._get_default_store())
+
+    def per_call(fn, reps: int) -> float:
+        samples = []
+        for _ in range(5):
+            fn()
+            dist.barrier(group=groups["gloo"])
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            samples.append((time.perf_counter() - t0) / reps)
+        return round(slowest(statistics.median(samples)) * 1e6, 1)
+
+    calls = []
+    for nbytes in (4, 4096, 1 << 20, 16 << 20):
+        count = max(1, nbytes // 4)
+        t = torch.ones(count)
+        reps = 300 if nbytes <= 4096 else 20
+        row = {"bytes": nbytes, "ranks": n}
+        row["gloo_us"] = per_call(functools.partial(dist.all_reduce, t, group=groups["gloo"]), reps)
+        row["pycollective_us"] = per_call(functools.partial(dist.all_reduce, t), reps)
+        if nbytes <= 4096:
+            a = np.ones(count, dtype=np.float32)
+            row["own_api_us"] = per_call(functools.partial(pycollective.all_reduce, a), reps)
+        calls.append(row)
+    pycollective.destroy_process_group()
+    if rank == 0:
+        print("RESULT " + json.dumps({"steps": results, "calls": calls}), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------- launcher side
+
+
+def _launch(n: int, args: argparse.Namespace) -> dict:
+    sys.path.insert(0, str(REPO / "src"))
+    from pycollective._netutil import free_port
+
+    port = free_port()
+    procs = []
+    for rank in range(n):
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE=str(n),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(n),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+        )
+        cmd = [
+            sys.executable,
+            __file__,
+            "--rank-side",
+            "--models",
+            args.models,
+            "--wrappers",
+            args.wrappers,
+            "--steps",
+            str(args.steps),
+            "--rounds",
+            str(args.rounds),
+        ]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=args.timeout)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit(f"a rank failed at n={n}: exit codes {[p.returncode for p in procs]}")
+    for line in outs[0].splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    raise SystemExit(f"rank 0 printed no result at n={n}")
+
+
+def _tables(runs: list[dict], load: list[str]) -> str:
+    lines = [
+        "| model | wrapper | ranks | gloo ms/step | pycollective ms/step | gloo / pycollective |",
+        "|---|---|--:|--:|--:|--:|",
+    ]
+    for run in runs:
+        for r in run["steps"]:
+            lines.append(
+                f"| {r['model']} | {r['wrapper']} | {r['ranks']} | {r['gloo_ms']} | "
+                f"{r['pycollective_ms']} | {r['ratio']:.2f}x |"
+            )
+    lines += [
+        "",
+        "| all_reduce | ranks | gloo µs | pycollective (torch API) µs | "
+        "pycollective (own API) µs | backend layer adds µs |",
+        "|--:|--:|--:|--:|--:|--:|",
+    ]
+    for run in runs:
+        for r in run["calls"]:
+            size = f"{r['bytes'] >> 20} MiB" if r["bytes"] >= 1 << 20 else f"{r['bytes']} B"
+            own = r.get("own_api_us")
+            adds = "" if own is None else round(r["pycollective_us"] - own, 1)
+            lines.append(
+                f"| {size} | {r['ranks']} | {r['gloo_us']} | {r['pycollective_us']} | "
+                f"{'' if own is None else own} | {adds} |"
+            )
+    lines += ["", "Load (uptime) before and after: " + " / ".join(load)]
+    return "\n".join(lines)
+
+
+def _uptime() -> str:
+    with open("/proc/loadavg") as f:
+        return "load " + " ".join(f.read().split()[:3])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-n", default="2,4", help="world sizes, comma separated")
+    p.add_argument("--models", default="fashion,transformer")
+    p.add_argument("--wrappers", default="ddp,fsdp2")
+    p.add_argument("--steps", type=int, default=5, help="steps per timed block")
+    p.add_argument("--rounds", type=int, default=5, help="timed blocks per backend")
+    p.add_argument("--timeout", type=float, default=1200)
+    p.add_argument("--json", default=str(HERE / "results" / "torch_backend.json"))
+    p.add_argument("--rank-side", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.rank_side:
+        _rank_main(args)
+        return
+    load = [_uptime()]
+    runs = [_launch(int(n), args) for n in args.n.split(",")]
+    load.append(_uptime())
+    table = _tables(runs, load)
+    print(table)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps({"runs": runs, "load": load}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
