@@ -62,10 +62,17 @@ def _lift_gate(name: str) -> bool:
 
 # Tests not run in the in-gloo-place pass, each with why: they inspect gloo itself, not
 # the collectives torch routes through a process group.
-EXCLUDED_IN_GLOO_PLACE: dict[str, str] = {}
+EXCLUDED_IN_GLOO_PLACE: dict[str, str] = {
+    "test_ddp_logging_data_cpu": (
+        "asserts the name DDP's C++ logger reads from the group (getBackendName()) is "
+        "\"gloo\": the group in gloo's place keeps its own name, because DDP's logger, given "
+        '"gloo", looks up gloo\'s C++ backend object ("Could not find backend type 1"); '
+        "passes as pycollective"
+    ),
+}
 
 _BODY_NAMES_GLOO = (
-    "its body picks the CPU path with `BACKEND == \"gloo\"` (or mpi) and has none for any "
+    'its body picks the CPU path with `BACKEND == "gloo"` (or mpi) and has none for any '
     "other CPU backend (UnboundLocalError before any collective); passes in gloo's place"
 )
 _MONITORED = (
@@ -82,7 +89,6 @@ EXCLUDED_AS_PYCOLLECTIVE: dict[str, str] = {
     "test_accumulate_gradients_no_sync_grad_is_view": _BODY_NAMES_GLOO,
     "test_monitored_barrier_gloo": _MONITORED,
     "test_monitored_barrier_gloo_subgroup": _MONITORED,
-    "test_monitored_barrier_gloo_rank_0_timeout": _MONITORED,
     "test_monitored_barrier_failure_order": _MONITORED,
     "test_monitored_barrier_wait_all_ranks": _MONITORED,
     "test_monitored_barrier_allreduce_hang": _MONITORED,
@@ -375,6 +381,19 @@ def _selected(name: str, names: list[str] | None, patterns: list[str]) -> bool:
     return not patterns or any(p in name for p in patterns)
 
 
+def _without_local_paths(text: str) -> str:
+    """Reports are committed: tracebacks name files relative to the repository and the
+    Python environment, not by this machine's paths."""
+    repo = str(Path(__file__).resolve().parents[2])
+    for prefix, name in (
+        (sys.prefix, "<python>"),
+        (repo, "<repo>"),
+        (tempfile.gettempdir(), "<tmp>"),
+    ):
+        text = text.replace(prefix, name)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", default="as-pycollective,in-gloo-place")
@@ -393,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
                  args.verbose, args.keep_logs)  # fmt: skip
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        Path(args.json).write_text(_without_local_paths(json.dumps(report, indent=1)))
     failed = sum(p["counts"]["failed"] for p in report["passes"].values())
     return 1 if failed else 0
 
