@@ -102,7 +102,7 @@ def table_rows(results: dict[str, Any]) -> list[Row]:
     k = cont["accumulate"]
     shaped = cont.get("network") == "namespaces"
     rows = [
-        Row("single", "1 process", 1, 0, 0.0, 0.0, 0.0, b, compute,
+        Row("single", "1 process", 1, 0, 0.0, None, 0.0, b, compute,
             accuracy=_get(acc, "single", "test_accuracy"),
             trained_bytes_per_sample=_get(acc, "single", "bytes_sent_per_sample"))
     ]  # fmt: skip
@@ -411,6 +411,12 @@ def steps_caption(results: dict[str, Any]) -> str:
             f"step, one parameter server {_ms(ps1.comm_s)} ms ({ps1.comm_s / ring.comm_s:.1f}x; "
             f"its link carries {human(ps1.busiest_bytes)} each way), {w} servers "
             f"{_ms(psw.comm_s)} ms ({psw.comm_s / ring.comm_s:.1f}x, on {w} more hosts){worst}."
+        )
+    acc = by.get(("ring_k", w))
+    if ring and acc:
+        parts[-1] += (
+            f" Accumulating {acc.samples_per_update // ring.samples_per_update} micro-batches "
+            f"per all-reduce: {ring.samples_per_s:.0f} -> {acc.samples_per_s:.0f} samples/s."
         )
     parts += short_rule(results.get("predict", {}))
     return "\n".join(wrap(p, 175) for p in parts)
