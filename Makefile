@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TORCH_VERSION := 2.13.0
 # Debian packages the tests use: OpenMPI and MPICH, to check that ranks start under a real
 # mpirun and a real mpiexec.hydra.
 APT_PACKAGES := openmpi-bin libopenmpi-dev mpich
@@ -18,8 +19,9 @@ $(STAMP): pyproject.toml setup.py $(wildcard src/pycollective/_native/*.[ch])
 	@$(MAKE) --no-print-directory system-deps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# torch is pinned to the CPU build (2.13.0); a looser pin pulls a CUDA build of several GB.
-	$(PY) -m pip install --quiet -e '.[test,torch]'
+	# torch pinned here to the CPU build (2.13.0): the extra's range could pull a CUDA build
+	# of several GB.
+	$(PY) -m pip install --quiet -e '.[dev,test,torch]' 'torch==$(TORCH_VERSION)'
 	touch $(STAMP)
 
 # Installs the Debian packages when missing and running as root; otherwise says how.

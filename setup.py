@@ -2,8 +2,11 @@
 Python headers). Everything else is declared in pyproject.toml.
 
 The extension is optional: where it cannot be compiled the install still succeeds, and
-pycollective warns once at its first arena and runs the pure-Python arena instead."""
+pycollective warns once at its first arena and runs the pure-Python arena instead.
+PYCOLLECTIVE_NATIVE=0 at build time leaves it out on purpose (as it turns it off at run
+time): the packaging tests build a wheel that way in seconds."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -26,4 +29,4 @@ native = Extension(
     optional=True,
 )
 
-setup(ext_modules=[native])
+setup(ext_modules=[] if os.environ.get("PYCOLLECTIVE_NATIVE") == "0" else [native])

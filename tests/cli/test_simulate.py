@@ -165,9 +165,9 @@ def test_wide_table(capsys):
 
 
 def test_parameter_server_rows(capsys):
-    code, out, _ = run(capsys, "-a", "ring", "-n", "4,64", "--bytes", "30000000", "--alpha", "200us",
-                       "--beta", "1Gbit/s", "--overhead", "100us", "--servers", "1,8",
-                       "--json")  # fmt: skip
+    code, out, _ = run(capsys, "-a", "ring", "-n", "4,64", "--bytes", "30000000",
+                       "--alpha", "200us", "--beta", "1Gbit/s", "--overhead", "100us",
+                       "--servers", "1,8", "--json")  # fmt: skip
     assert code == 0
     rows = json.loads(out)
     assert [(r["algorithm"], r["ranks"], r["servers"]) for r in rows] == [

@@ -1,16 +1,31 @@
-"""torch's import-time hook must never take `import torch` down with it."""
+"""torch's import-time hook: it must never take `import torch` down with it, and it must
+cost a program that never uses pycollective nearly nothing."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
 import pycollective_autoload
 
+pytestmark = pytest.mark.timeout(120)
+
+
+def python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("PYCOLLECTIVE_", "TORCH"))}
+    full.update(env)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True, text=True, env=full, timeout=100,
+    )  # fmt: skip
+
 
 def test_a_failing_import_becomes_a_warning(monkeypatch) -> None:
+    monkeypatch.setenv("PYCOLLECTIVE_STORE_HOSTED", "1")  # under the launcher: eager import
     monkeypatch.setitem(sys.modules, "pycollective.torch", None)  # import raises ImportError
     with pytest.warns(UserWarning, match="pycollective backend not registered"):
         pycollective_autoload.load()
@@ -18,13 +33,71 @@ def test_a_failing_import_becomes_a_warning(monkeypatch) -> None:
 
 def test_import_torch_survives_a_broken_package(tmp_path) -> None:
     """Even when pycollective/__init__.py itself raises, which the hook module does not
-    import until it is inside its try."""
+    import until it is inside its try; outside the launcher it is not imported at all."""
     fake = tmp_path / "pycollective"
     fake.mkdir()
     (fake / "__init__.py").write_text("raise RuntimeError('broken install')\n")
     code = "import torch; print('survived', torch.__version__)"
     env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    out = python(code, PYCOLLECTIVE_STORE_HOSTED="1", **env)
     assert out.returncode == 0, out.stderr
     assert "survived" in out.stdout
     assert "broken install" in out.stderr  # the warning says why the backend is missing
+    out = python(code, **env)
+    assert out.returncode == 0 and "survived" in out.stdout and out.stderr == "", out.stderr
+
+
+def test_import_torch_costs_nothing_until_a_group_is_made() -> None:
+    """The behaviour behind `import torch` costing <= 50 ms more with pycollective
+    installed: the hook imports neither pycollective nor ml_dtypes (most of a second), and
+    the hook itself, timed in the process, is far below the bound. The backend still works:
+    init_process_group("pycollective") imports the real creator then."""
+    out = python(
+        """
+        import sys, time
+        import torch
+        import torch.distributed as td
+        print("LOADED", sorted(m for m in ("pycollective", "ml_dtypes") if m in sys.modules))
+        print("REGISTERED", "PYCOLLECTIVE" in td.Backend._plugins)
+        td.init_process_group("pycollective", store=td.HashStore(), rank=0, world_size=1)
+        x = torch.ones(3)
+        td.all_reduce(x)
+        print("WORKS", x.tolist(), td.get_backend(), "pycollective.torch" in sys.modules)
+        td.destroy_process_group()
+        """
+    )
+    assert out.returncode == 0, out.stderr
+    assert "LOADED []" in out.stdout and "REGISTERED True" in out.stdout, out.stdout
+    assert "WORKS [1.0, 1.0, 1.0] pycollective True" in out.stdout, out.stdout
+    # The hook's own cost, in a process where torch is imported without it.
+    out = python(
+        """
+        import time
+        import torch
+        import pycollective_autoload
+        t0 = time.perf_counter()
+        pycollective_autoload.load()
+        took = time.perf_counter() - t0
+        import torch.distributed as td
+        assert "PYCOLLECTIVE" in td.Backend._plugins
+        print("HOOK", took)
+        """,
+        TORCH_DEVICE_BACKEND_AUTOLOAD="0",
+    )
+    assert out.returncode == 0, out.stderr
+    took = float(out.stdout.split("HOOK ")[1])
+    assert took < 0.05, f"the hook took {took * 1e3:.1f} ms"
+
+
+def test_importing_pycollective_torch_first_prints_nothing() -> None:
+    """`import pycollective.torch` imports torch, whose hook used to re-enter the half-made
+    module and warn 'partially initialized module'."""
+    out = python(
+        """
+        import pycollective.torch
+        import torch.distributed as td
+        print("REGISTERED", "PYCOLLECTIVE" in td.Backend._plugins)
+        """
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "REGISTERED True" and out.stderr == "", out.stderr

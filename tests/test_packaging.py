@@ -1,0 +1,71 @@
+"""What a user installs: a real wheel (built without the C extension, in seconds), its
+metadata and its py.typed; and the Makefile's torch pin beside the extra's range."""
+
+from __future__ import annotations
+
+import email
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def build_wheel(into: Path) -> Path:
+    """The project's wheel, as pip builds it (PYCOLLECTIVE_NATIVE=0: no compiling)."""
+    env = dict(os.environ, PYCOLLECTIVE_NATIVE="0")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+         "-w", str(into), str(REPO)],
+        check=True, env=env, capture_output=True, timeout=100,
+    )  # fmt: skip
+    (wheel,) = into.glob("pycollective-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def test_the_wheel_ships_py_typed_and_says_what_it_is(wheel):
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        (meta_name,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        meta = email.message_from_bytes(z.read(meta_name))
+        (ep_name,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        entry_points = z.read(ep_name).decode()
+    assert "pycollective/py.typed" in names  # PEP 561: type checkers read our annotations
+    assert "pycollective_autoload.py" in names
+    classifiers = meta.get_all("Classifier")
+    assert "Typing :: Typed" in classifiers
+    assert any(c.startswith("License :: ") for c in classifiers)
+    assert any(c.startswith("Topic :: System :: Distributed Computing") for c in classifiers)
+    extras = set(meta.get_all("Provides-Extra"))
+    assert {"torch", "plot", "dev", "test"} <= extras
+    requires = meta.get_all("Requires-Dist")
+    torch_req = [r for r in requires if r.startswith("torch") and 'extra == "torch"' in r]
+    spec = torch_req[0].split(";")[0] if torch_req else ""
+    assert "==" not in spec and "<" in spec and ">=" in spec, torch_req
+    assert any(r.startswith("matplotlib") and 'extra == "plot"' in r for r in requires)
+    dev = {r.split(">")[0].split(";")[0] for r in requires if 'extra == "dev"' in r}
+    assert {"ruff", "pytest"} <= dev
+    assert not any(r.startswith("ruff") and 'extra == "test"' in r for r in requires)
+    assert "pycollective = pycollective.__main__:main" in entry_points
+    assert "pycollective = pycollective_autoload:load" in entry_points
+
+
+def test_the_makefile_pins_the_cpu_torch_build():
+    """The extra is a range for users; `make setup` must install exactly the pinned CPU
+    build, or pip may take a newer (CUDA, several GB) one."""
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^TORCH_VERSION := 2\.13\.0$", makefile, re.M)
+    installs = [line for line in makefile.splitlines() if "pip install" in line and "-e" in line]
+    assert installs and all("'torch==$(TORCH_VERSION)'" in line for line in installs), installs
