@@ -4,6 +4,11 @@ the workers (torch's DDP on the "pycollective" backend), or parameter servers.
     python train.py --mode single
     pycollective run -n 2 train.py --mode allreduce [--accumulate 4]
     pycollective run -n 2 --servers 1 train.py --mode ps
+    pycollective run -n 4 --elastic 2:4 --max-restarts 1 train.py --mode elastic
+
+--mode elastic (elastic_train.py) survives lost workers without a restart
+(pycollective.elastic). Under `pycollective run --max-restarts K`, --checkpoint-every N
+saves every N updates and a restarted job resumes from the checkpoint.
 
 Same samples, same order, whatever the mode: every rank draws the same permutation of
 the training set each epoch, an update consumes the next --batch samples of it, and worker
@@ -26,6 +31,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import signal
 import statistics
 import sys
 import time
@@ -42,6 +49,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import data  # noqa: E402
+import elastic_train  # noqa: E402
 import models  # noqa: E402
 
 MEAN, STD = 0.2860, 0.3530  # Fashion-MNIST's pixel statistics
@@ -49,7 +57,7 @@ MEAN, STD = 0.2860, 0.3530  # Fashion-MNIST's pixel statistics
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--mode", choices=["single", "allreduce", "ps"], default="single")
+    p.add_argument("--mode", choices=["single", "allreduce", "ps", "elastic"], default="single")
     p.add_argument("--model", choices=sorted(models.MODELS), default="small")
     p.add_argument("--data-dir", default=None, help="the four IDX files (default: Debian's)")
     p.add_argument("--epochs", type=float, default=1.0, help="passes over the training set")
@@ -66,6 +74,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--probe", type=int, default=2000, help="test images the curve is measured on")
     p.add_argument("--no-eval", action="store_true", help="no curve, no test accuracy (timing)")
     p.add_argument("--checkpoint", default=None, help="rank 0 saves the model here")
+    p.add_argument(
+        "--checkpoint-every", type=int, default=0, metavar="N",
+        help="also save every N updates; a restarted job (pycollective run --max-restarts, "
+        "or --resume) continues from the checkpoint",
+    )  # fmt: skip
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint if it exists")
+    p.add_argument(
+        "--kill-at", type=int, default=0, metavar="STEP",
+        help="elastic/allreduce demo: the rank of --kill-rank SIGKILLs itself in this update "
+        "(first attempt only)",
+    )  # fmt: skip
+    p.add_argument("--kill-rank", type=int, default=1, help="the RANK that --kill-at kills")
+    p.add_argument("--steps-log", default=None, help="elastic: the leader appends each update here")
     p.add_argument("--save-params", default=None, help="rank 0 writes the parameters (.npy)")
     p.add_argument("--metrics", default=None, help="rank 0 writes its JSON report here")
     p.add_argument("--seed", type=int, default=0)
@@ -95,6 +116,10 @@ class Progress:
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
             self.bar.update()
+
+    def update_to(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n - self.bar.n)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -143,8 +168,27 @@ def adam(params: list[torch.Tensor], lr: float) -> torch.optim.Optimizer:
         return torch.optim.Adam(params, lr=lr)
 
 
+def _kill_now(args: argparse.Namespace, step: int) -> bool:
+    """--kill-at: this process is the one to die at this update (the first attempt only)."""
+    return (
+        args.kill_at == step
+        and os.environ.get("RANK") == str(args.kill_rank)
+        and os.environ.get("PYCOLLECTIVE_RESTART_COUNT", "0") == "0"
+    )
+
+
+def save_checkpoint(path: str, state: dict[str, Any]) -> None:
+    """torch.save, atomically: a rank killed mid-write leaves the previous checkpoint."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.mode == "elastic":
+        return elastic_train.main(args, tensors=tensors, evaluate=evaluate, adam=adam)
     torch.set_num_threads(1)  # one core per worker: the workers share the machine
     rank, workers, servers = 0, 1, 0
     client = None
@@ -186,6 +230,17 @@ def main(argv: list[str] | None = None) -> int:
         client = ps.Client(roles, params, {"name": "adam", "lr": args.lr}, mode=args.ps_mode)
     else:
         optimizer = adam(params, args.lr)
+    restart = int(os.environ.get("PYCOLLECTIVE_RESTART_COUNT", "0"))
+    resumed: dict[str, Any] | None = None
+    if args.checkpoint and (args.resume or restart) and os.path.exists(args.checkpoint):
+        # every rank reads rank 0's checkpoint, so all go on from the same state
+        resumed = torch.load(args.checkpoint, weights_only=False)
+        model.load_state_dict(resumed["model"])
+        if optimizer is not None and "optimizer" in resumed:
+            optimizer.load_state_dict(resumed["optimizer"])
+        if rank == 0:
+            print(f"resumed from {args.checkpoint} at update {resumed['step']} "
+                  f"(restart {restart})", flush=True)  # fmt: skip
 
     n_train = len(x_train)
     samples = args.samples or int(n_train * args.epochs)
@@ -207,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(args.seed)  # the same order on every rank
     order = torch.randperm(n_train, generator=gen)
     cursor = 0
+    first = 1 if resumed is None else resumed["step"] + 1
+    if resumed is not None and "order" in resumed:
+        gen.set_state(resumed["generator"])
+        order, cursor = resumed["order"], resumed["cursor"]
     bar = Progress(steps, rank == 0 and not args.no_progress, f"{args.mode} x{workers}")
     traffic0 = _traffic(args.mode, client)
     curve: list[dict[str, float]] = []
@@ -214,10 +273,13 @@ def main(argv: list[str] | None = None) -> int:
     step_cpu: list[float] = []  # this process's CPU time per step (alone on a core: its time)
     compute = comm = 0.0
     loss_avg = None
-    if rank == 0 and 0 in evals:
+    if resumed is not None:
+        curve = list(resumed.get("curve", []))
+        bar.update_to(first - 1)
+    elif rank == 0 and 0 in evals:
         curve.append({"samples": 0, "step": 0, "acc": evaluate(model, x_probe, y_probe)})
     start = time.perf_counter()
-    for step in range(1, steps + 1):
+    for step in range(first, steps + 1):
         if cursor + args.batch > n_train:
             order, cursor = torch.randperm(n_train, generator=gen), 0
         mine = order[cursor + rank * k * micro : cursor + (rank + 1) * k * micro]
@@ -235,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
             quiet = net.no_sync() if args.mode == "allreduce" and j < k - 1 else None
             with quiet or contextlib.nullcontext():
                 loss = nn.functional.cross_entropy(net(x_train[idx]), y_train[idx]) / k
+                if _kill_now(args, step):
+                    os.kill(os.getpid(), signal.SIGKILL)
                 loss.backward()
             value += loss.item()
         t1 = time.perf_counter()
@@ -257,6 +321,13 @@ def main(argv: list[str] | None = None) -> int:
             acc = evaluate(model, x_probe, y_probe)
             curve.append({"samples": step * args.batch, "step": step, "loss": loss_avg, "acc": acc})
             start += time.perf_counter() - t_eval  # evaluation is not training time
+        every = args.checkpoint_every
+        if rank == 0 and args.checkpoint and every and step % every == 0:
+            save_checkpoint(args.checkpoint, {
+                "model": model.state_dict(), "optimizer": optimizer.state_dict() if optimizer
+                else None, "step": step, "order": order, "cursor": cursor,
+                "generator": gen.get_state(), "curve": curve, "args": vars(args),
+            })  # fmt: skip
     elapsed = time.perf_counter() - start
     bar.close()
     traffic = _delta(_traffic(args.mode, client), traffic0)
@@ -293,11 +364,11 @@ def main(argv: list[str] | None = None) -> int:
             flat = torch.cat([p.detach().reshape(-1) for p in params]).numpy()
             np.save(args.save_params, flat)
         if args.checkpoint:
-            Path(args.checkpoint).parent.mkdir(parents=True, exist_ok=True)
-            state = {"model": model.state_dict(), "args": vars(args), "steps": steps}
+            state = {"model": model.state_dict(), "args": vars(args), "steps": steps,
+                     "step": steps, "curve": curve}  # fmt: skip
             if optimizer is not None:
                 state["optimizer"] = optimizer.state_dict()
-            torch.save(state, args.checkpoint)
+            save_checkpoint(args.checkpoint, state)
     if args.mode == "allreduce":
         dist.destroy_process_group()
     elif args.mode == "ps":
