@@ -27,6 +27,11 @@ from .arena import NBUF, Arena, layout
 
 try:
     from .. import _native
+
+    if getattr(_native, "__file__", None) is None:
+        # Not built, but its C sources' folder (pycollective/_native/) is there, and
+        # Python imports a folder without __init__.py as an empty namespace package.
+        raise ImportError("the extension is not built (only its C sources were found)")
 except ImportError as exc:  # not built: the Python arena runs
     _native = None  # type: ignore[assignment]
     _MISSING = f"{exc}"
