@@ -1,8 +1,10 @@
 """Fault injection for pycollective (`make faults`): kills, mismatches, fuzzing, a soak,
-SIGINT, and the flight recorder's cost. Prints what it found and writes it as JSON.
+SIGINT, the flight recorder's cost, the launcher's notice window, and elastic recovery.
+Prints what it found and writes it as JSON.
 
     python tools/faults.py [--kills 50] [--fuzz-examples 2000] [--soak-small 100000]
-                           [--soak-large 1000] [--only kill,mismatch,fuzz,soak,sigint,overhead]
+                           [--soak-large 1000] [--launcher-runs 20] [--elastic-kills 20]
+                           [--only kill,mismatch,fuzz,soak,sigint,overhead,launcher,elastic]
 
 Exit status 0 only if every check passed.
 """
@@ -24,6 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "src")]
 
 from tests._launch import run_ranks  # noqa: E402
+from tests.cli.test_launch_failures import check_lost_rank  # noqa: E402
+from tests.elastic._harness import kills_in_a_row  # noqa: E402
 from tests.faults._chaos import kill_run, sigint_run  # noqa: E402
 from tests.faults.test_faults import MORE_SIDES, SEND_ONLY_POSSIBLE, SIDES  # noqa: E402
 
@@ -324,6 +328,54 @@ def overhead() -> dict:
     }
 
 
+# ---------------------------------------------------------------------- launcher, elastic
+
+
+def launcher_runs(n: int, seed: int) -> dict:
+    """A rank SIGKILLed in a loop of all_reduce, n times (3 and 4 ranks): every survivor
+    prints its own error, once, runs its finally block, and nothing is left."""
+    rng = random.Random(seed)
+    failures = []
+    for i in range(n):
+        nprocs = 3 if i % 2 == 0 else 4
+        victim, at = rng.randrange(nprocs), rng.randrange(2, 200)
+        problems = check_lost_rank(nprocs, victim, at)
+        if problems:
+            failures.append({"run": i, "nprocs": nprocs, "victim": victim, "problems": problems})
+        log(f"  run {i}: p={nprocs} victim {victim} at {at}: {'ok' if not problems else problems}")
+    return {"runs": n, "failed_runs": len(failures), "failures": failures}
+
+
+def _quantiles(xs: list[float]) -> dict:
+    xs = sorted(xs)
+    if not xs:
+        return {}
+    pick = lambda q: xs[min(len(xs) - 1, int(q * len(xs)))]  # noqa: E731
+    return {"n": len(xs), "min": round(xs[0], 3), "median": round(pick(0.5), 3),
+            "p90": round(pick(0.9), 3), "max": round(xs[-1], 3)}  # fmt: skip
+
+
+def elastic_kills(n: int, seed: int) -> dict:
+    """kill -9 n times in a row in one elastic job of 4 (tests/elastic/_harness.py)."""
+    load = os.getloadavg()
+    out = kills_in_a_row(n, seed, log=lambda text: log("  " + text))
+    recovery = [k.recovery_s for k in out.kills if k.recovery_s is not None]
+    lost = [max(0, k.committed_before - (k.resumed_step or 0)) for k in out.kills]
+    # the step in flight: committed by the new round (resumed past what survivors had
+    # committed) or redone (resumed where they were)
+    committed = sum(1 for k in out.kills if (k.resumed_step or 0) > k.committed_before)
+    return {
+        "kills": n, "ok": not out.problems, "problems": out.problems[:10],
+        "failures": len(out.kills), "kinds": sorted({k.kind for k in out.kills}),
+        "recovery_seconds": _quantiles(recovery),
+        "replacement_seconds": _quantiles(out.replacement_seconds()),
+        "committed_steps_lost": {"max": max(lost, default=0), "total": sum(lost)},
+        "step_in_flight": {"committed": committed, "redone": len(out.kills) - committed},
+        "load_before": [round(x, 2) for x in load],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+    }  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kills", type=int, default=50)
@@ -333,7 +385,9 @@ def main() -> int:
     ap.add_argument("--soak-large", type=int, default=1000)
     ap.add_argument("--sigints", type=int, default=6)
     ap.add_argument("--seed", type=int, default=20261130)
-    ap.add_argument("--only", default="kill,mismatch,fuzz,soak,sigint,overhead")
+    ap.add_argument("--launcher-runs", type=int, default=20)
+    ap.add_argument("--elastic-kills", type=int, default=20)
+    ap.add_argument("--only", default="kill,mismatch,fuzz,soak,sigint,overhead,launcher,elastic")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "faults.json"))
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -363,6 +417,14 @@ def main() -> int:
     if "overhead" in only:
         log("flight recorder cost")
         summary["overhead"] = overhead()
+    if "launcher" in only:
+        log(f"launcher notice window: {args.launcher_runs} runs")
+        lr = summary["launcher"] = launcher_runs(args.launcher_runs, args.seed)
+        ok &= lr["failed_runs"] == 0
+    if "elastic" in only:
+        log(f"elastic: {args.elastic_kills} kills in a row")
+        e = summary["elastic"] = elastic_kills(args.elastic_kills, args.seed)
+        ok &= e["ok"]
     summary["seconds"] = round(time.monotonic() - t0, 1)
     summary["ok"] = bool(ok)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -394,6 +456,19 @@ def main() -> int:
         log(
             f"sigint: {g['runs']} runs, failed {g['failed_runs']}, slowest "
             f"{g['max_exit_seconds']:.2f} s"
+        )
+    if "launcher" in summary:
+        lr = summary["launcher"]
+        log(f"launcher: {lr['runs']} kill runs, every survivor spoke: failed {lr['failed_runs']}")
+    if "elastic" in summary:
+        e = summary["elastic"]
+        log(
+            f"elastic: {e['kills']} kills ({', '.join(e['kinds'])}), ok={e['ok']}; survivors "
+            f"training again after {e['recovery_seconds']} s; replacements in step after "
+            f"{e['replacement_seconds']} s; committed steps lost: "
+            f"{e['committed_steps_lost']['total']}; the step in flight committed "
+            f"{e['step_in_flight']['committed']}, redone {e['step_in_flight']['redone']} times;"
+            f" load {e['load_before']} -> {e['load_after']}"
         )
     log(f"{'ALL PASSED' if ok else 'SOME CHECKS FAILED'} in {summary['seconds']} s -> {args.out}")
     return 0 if ok else 1

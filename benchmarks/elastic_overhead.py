@@ -1,0 +1,198 @@
+"""What pycollective.elastic costs when nothing fails: one step of the Fashion-MNIST small
+CNN (93,322 parameters) three ways, in the same ranks, block by block, so the load of a
+shared machine falls on all alike:
+
+- ddp:     torch DDP on the pycollective backend (what a DDP script runs today)
+- plain:   the gradients averaged by one flat all_reduce on the default group, as the
+           manager does it but without the manager (the same copies in and out)
+- elastic: elastic.ddp.DataParallel + Optimizer through an elastic.Manager (the joiner
+           flag on the all_reduce, the leader's look at the store, the commit check)
+
+    python benchmarks/elastic_overhead.py [-n 4] [--batch 64] [--blocks 6] [--steps 30]
+
+The step is forward, backward, averaging and Adam on --batch / n samples per rank of
+synthetic 28x28 images (compute, not data loading, is what is compared). The manager's
+overhead is elastic against plain, in the median of every block's median; the load average
+is printed beside it. Writes benchmarks/results/elastic_overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MODES = ("ddp", "plain", "elastic")
+
+
+def worker(args: argparse.Namespace) -> None:
+    import numpy as np
+    import torch.distributed as tdist
+
+    import pycollective as dist
+    import torch
+    from pycollective import elastic
+    from pycollective.elastic import ddp
+    from torch import nn
+
+    sys.path.insert(0, str(REPO / "examples" / "fashion_mnist"))
+    import models
+
+    torch.set_num_threads(1)
+    dist.init_process_group()
+    tdist.init_process_group("pycollective")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    local = args.batch // size
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randn(local, 1, 28, 28, generator=gen)
+    y = torch.randint(0, 10, (local,), generator=gen)
+
+    def fresh() -> tuple[nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = models.small()
+        return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    ddp_model, ddp_opt = fresh()
+    ddp_net = nn.parallel.DistributedDataParallel(ddp_model)
+    plain_model, plain_opt = fresh()
+    plain_params = list(plain_model.parameters())
+    total = sum(p.numel() for p in plain_params)
+    flat = np.empty(total + 1, np.float32)
+    el_model, el_inner = fresh()
+    manager = elastic.Manager(
+        lambda: {"m": el_model.state_dict(), "o": el_inner.state_dict()},
+        lambda s: (el_model.load_state_dict(s["m"]), el_inner.load_state_dict(s["o"])),
+    )
+    el_net = ddp.DataParallel(manager, el_model)
+    el_opt = ddp.Optimizer(manager, el_inner)
+
+    def step_ddp() -> None:
+        ddp_opt.zero_grad()
+        nn.functional.cross_entropy(ddp_net(x), y).backward()
+        ddp_opt.step()
+
+    def step_plain() -> None:
+        plain_opt.zero_grad()
+        nn.functional.cross_entropy(plain_model(x), y).backward()
+        at = 0
+        for p in plain_params:
+            flat[at : at + p.numel()] = p.grad.numpy().reshape(-1)
+            at += p.numel()
+        flat[:total] *= 1.0 / size
+        dist.all_reduce(flat)
+        at = 0
+        for p in plain_params:
+            p.grad.numpy().reshape(-1)[:] = flat[at : at + p.numel()]
+            at += p.numel()
+        plain_opt.step()
+
+    def step_elastic() -> None:
+        manager.start_step()
+        el_opt.zero_grad()
+        nn.functional.cross_entropy(el_net(x), y).backward()
+        el_opt.step()
+
+    steps = {"ddp": step_ddp, "plain": step_plain, "elastic": step_elastic}
+    for fn in steps.values():  # warm up (the elastic group forms in the first step)
+        for _ in range(5):
+            fn()
+    medians: dict[str, list[float]] = {m: [] for m in MODES}
+    for block in range(args.blocks):
+        for mode in MODES[block % 3 :] + MODES[: block % 3]:  # rotate the order
+            dist.barrier()
+            times = []
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                steps[mode]()
+                times.append(time.perf_counter() - t0)
+            # a step is as slow as its slowest rank
+            worst = np.array(times)
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            medians[mode].append(float(np.median(worst)))
+    # The manager's own work per step, timed directly: the leader's look at the store for
+    # newcomers (the only I/O it adds) and start_step's bookkeeping.
+    n = 200
+    t0 = time.perf_counter()
+    for _ in range(n):
+        manager._leader_sees_joiner()
+    store_check = (time.perf_counter() - t0) / n
+    t0 = time.perf_counter()
+    for _ in range(n):
+        manager._carried, manager._pending = True, False
+        manager.start_step()
+        manager.should_commit()
+    bookkeeping = (time.perf_counter() - t0) / n
+    manager.close()
+    tdist.destroy_process_group()
+    dist.destroy_process_group()
+    if rank == 0:
+        medians["store_check_s"] = [store_check]
+        medians["bookkeeping_s"] = [bookkeeping]
+        print("RESULT " + json.dumps(medians), flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-n", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=64, help="global batch per step")
+    ap.add_argument("--blocks", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=20, help="steps per block and mode")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--json", default=str(REPO / "benchmarks" / "results" / "elastic_overhead.json")
+    )
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return 0
+    load0 = os.getloadavg()
+    cmd = [sys.executable, "-m", "pycollective", "run", "-n", str(args.n), sys.executable,
+           __file__, "--worker", "--batch", str(args.batch), "--blocks", str(args.blocks),
+           "--steps", str(args.steps)]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    load1 = os.getloadavg()
+    line = next((ln for ln in res.stdout.splitlines() if "RESULT " in ln), None)
+    if res.returncode != 0 or line is None:
+        print(res.stderr[-3000:], file=sys.stderr)
+        return 1
+    medians = json.loads(line.split("RESULT ", 1)[1])
+    direct = {k: medians.pop(k)[0] for k in ("store_check_s", "bookkeeping_s")}
+    ms = {m: 1000 * statistics.median(v) for m, v in medians.items()}
+    over = ms["elastic"] / ms["plain"] - 1
+    # per block: elastic against plain measured moments apart
+    ratios = [e / p for e, p in zip(medians["elastic"], medians["plain"], strict=True)]
+    report = {
+        "ranks": args.n, "global_batch": args.batch, "blocks": args.blocks,
+        "steps_per_block": args.steps, "step_ms": ms,
+        "elastic_vs_plain": over, "elastic_vs_ddp": ms["elastic"] / ms["ddp"] - 1,
+        "block_ratios_elastic_over_plain": ratios,
+        "median_block_ratio": statistics.median(ratios),
+        "manager_work_ms": {k[:-2]: 1000 * v for k, v in direct.items()},
+        "manager_work_vs_plain_step": 1000 * sum(direct.values()) / ms["plain"],
+        "load_before": load0, "load_after": load1,
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }  # fmt: skip
+    print(f"small CNN, {args.n} ranks, global batch {args.batch} (load {load0[0]:.1f} -> "
+          f"{load1[0]:.1f})")  # fmt: skip
+    for m in MODES:
+        print(f"  {m:8s} {ms[m]:7.2f} ms per step")
+    print(f"  elastic vs plain: {100 * over:+.1f}% (per block: "
+          f"{', '.join(f'{100 * (r - 1):+.1f}%' for r in ratios)}); "
+          f"vs ddp: {100 * report['elastic_vs_ddp']:+.1f}%")  # fmt: skip
+    work = report["manager_work_ms"]
+    print(f"  the manager's own work, timed directly: store check {work['store_check']:.3f} ms "
+          f"(leader), bookkeeping {work['bookkeeping']:.3f} ms per step = "
+          f"{100 * report['manager_work_vs_plain_step']:.2f}% of a plain step")  # fmt: skip
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
