@@ -63,6 +63,11 @@ demo: setup
 	fi
 	$(PY) examples/fashion_mnist/demo.py $(DEMO_ARGS)
 
+# Elastic training in one command: 4 workers, one SIGKILLed a third of the way in, the
+# survivors go on without a restart, a replacement joins (out/fashion_mnist/elastic_loss.png).
+demo-elastic:
+	@$(MAKE) --no-print-directory demo DEMO_ARGS="--modes elastic"
+
 # nccl-tests style tables (shared memory, TCP, and torch's gloo side by side) and a plot.
 BENCH_ARGS ?= -n 2 -t shm,tcp,gloo
 bench: setup

@@ -16,6 +16,10 @@ is there):
               parameter server, W servers; time and the bytes on the busiest link
   predict     `pycollective simulate` for the measured points (error) and for 8-256 workers
               at 1, 10 and 100 Gbit/s: the crossover, stated as a rule
+  elastic     (not in the default list: `--modes elastic`, or `make demo-elastic`) 4 workers
+              under `pycollective run --elastic 2:4`: one is SIGKILLed a third of the way
+              in, the survivors go on without a restart, a replacement joins; the loss curve
+              (elastic_loss.png), the recovery and replacement times, the members' digests
 
 Then the table, out/fashion_mnist/step_times.png and accuracy.png, and results.json. A
 mode is one registered function (see `mode`); another one adds a section to the results,
@@ -42,6 +46,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 import contention  # noqa: E402
 import data  # noqa: E402
+import elastic_report  # noqa: E402
 import report  # noqa: E402
 
 # The house's cost parameters for pycollective over TCP, as `make multihost` uses them
@@ -230,6 +235,41 @@ def predict(ctx: Context) -> dict[str, Any]:
     return {"params": params, "measured": got["measured"], "grid": grid}
 
 
+@mode("elastic", "4 workers, one killed mid-training, a replacement joins, no restart",
+      text=lambda results: elastic_report.text(results["elastic"]))  # fmt: skip
+def elastic_mode(ctx: Context) -> dict[str, Any]:
+    a = ctx.args
+    workers, batch = 4, 64
+    updates = a.elastic_samples // batch
+    kill_at = max(2, updates // 3)
+    steps_log = ctx.out / "elastic_steps.jsonl"
+    steps_log.unlink(missing_ok=True)
+    py = sys.executable
+    cmd = [py, "-m", "pycollective", "run", "-n", str(workers), "--elastic", f"2:{workers}",
+           "--max-restarts", "1", py, str(HERE / "train.py"), "--mode", "elastic",
+           "--model", "small", "--samples", str(a.elastic_samples), "--batch", str(batch),
+           "--lr", str(a.lr), "--probe", str(a.probe), "--kill-at", str(kill_at),
+           "--kill-rank", "2", "--steps-log", str(steps_log), "--no-progress",
+           "--metrics", str(ctx.out / "elastic.json")]  # fmt: skip
+    if a.data_dir:
+        cmd += ["--data-dir", a.data_dir]
+    ctx.log(f"  {workers} workers, {updates} updates of {batch}; worker RANK 2 is killed in "
+            f"update {kill_at}; log in {ctx.out}/elastic.log")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    (ctx.out / "elastic.log").write_text(res.stdout + res.stderr)
+    if res.returncode != 0:
+        raise RuntimeError(f"the elastic run failed ({res.returncode}):\n{res.stderr[-3000:]}")
+    section = elastic_report.summarize(steps_log, res.stdout)
+    metrics = json.loads((ctx.out / "elastic.json").read_text())
+    section.update(workers=workers, elastic=f"2:{workers}", batch=batch,
+                   probe_accuracy=metrics["probe_accuracy"])  # fmt: skip
+    section["plot"] = str(elastic_report.plot(section, ctx.out / "elastic_loss.png"))
+    for line in elastic_report.text(section):
+        ctx.log("  " + line)
+    return section
+
+
 # ---------------------------------------------------------------------- the driver
 
 
@@ -253,6 +293,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-workers", type=int, default=256, help="the predictions' largest W")
     p.add_argument("--loopback", action="store_true", help="no namespace hosts, even as root")
     p.add_argument("--data-dir", default=None, help="the four IDX files (default: Debian's)")
+    p.add_argument("--elastic-samples", type=int, default=60_000,
+                   help="the elastic mode's training samples (4 workers, batch 64)")  # fmt: skip
     p.add_argument("--out", default="out/fashion_mnist")
     p.add_argument("--report", metavar="RESULTS_JSON",
                    help="print the table and redraw the plots of a results file")  # fmt: skip

@@ -41,6 +41,18 @@ from pycollective.elastic import ddp
 from torch import nn
 
 
+def _process_start() -> float:
+    """When this process started (wall clock, from /proc): a replacement's clock starts here."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration):
+        return time.time()
+
+
 def _digest(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
     h = hashlib.sha256()
     for t in model.state_dict().values():
@@ -88,7 +100,8 @@ def main(
     if args.steps:
         steps = min(steps, args.steps)
     log_path = Path(args.steps_log) if args.steps_log else None
-    t_start = time.time()
+    started = _process_start()
+    first_commit = None
     for step in manager.steps(steps):
         idx = torch.from_numpy(sampler.indices())
         optimizer.zero_grad()
@@ -97,16 +110,21 @@ def main(
             loss.backward()
         if step + 1 == args.kill_at and os.environ.get("RANK") == str(args.kill_rank):
             if not manager.events or manager.events[0].round == 0:  # not a replacement
+                if log_path is not None:
+                    with open(log_path, "a") as f:
+                        f.write(json.dumps({"killed": step + 1, "t": time.time()}) + "\n")
                 os.kill(os.getpid(), signal.SIGKILL)  # mid-step: before the all-reduce
         committed = optimizer.step()
         # the loss over the whole global batch, for the curve (a small all_reduce)
         value = np.array([loss.item() * sampler.share() if loss is not None else 0.0])
         manager.allreduce(value)
+        if committed and first_commit is None:
+            first_commit = time.time()
         if committed and manager.rank == 0 and log_path is not None:
             with open(log_path, "a") as f:
                 f.write(json.dumps({
                     "step": manager.step, "loss": float(value[0]), "members": manager.size,
-                    "round": manager.round, "t": time.time() - t_start,
+                    "round": manager.round, "t": time.time(),
                 }) + "\n")  # fmt: skip
     rank = manager.rank
     if rank < 0:  # a replacement that came after the last update: nothing to show
@@ -115,6 +133,7 @@ def main(
     final = {
         "rank": rank, "launcher_rank": os.environ.get("RANK"), "step": manager.step,
         "digest": _digest(model, inner), "rounds": [vars(e) for e in manager.events],
+        "started": started, "first_commit": first_commit,
     }  # fmt: skip
     print("FINAL " + json.dumps(final), flush=True)
     if rank == 0:

@@ -220,7 +220,7 @@ def test_a_mode_is_one_registration(tmp_path) -> None:
         import demo
     finally:
         sys.path.remove(str(EXAMPLE))
-    assert list(demo.MODES) == ["accuracy", "contention", "predict"]
+    assert list(demo.MODES) == ["accuracy", "contention", "predict", "elastic"]
 
     @demo.mode("fake", "a mode added by a test", text=lambda res: [f"fake: {res['fake']['n']}"])
     def fake(ctx):
