@@ -136,6 +136,9 @@ def _load_suite(backend: str, name: str) -> types.ModuleType:
     """A copy of distributed_test.py imported with BACKEND=backend (its decorators read it
     at import time, so each pass needs its own copy)."""
     os.environ["BACKEND"] = backend
+    # The backend's module too, once, before any rank forks: torch's autoload hook only
+    # registers a creator that imports it at a group's creation (in every forked rank).
+    importlib.import_module("pycollective.torch")
     spec = importlib.util.spec_from_file_location(name, _suite_path())
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
