@@ -147,8 +147,16 @@ class Job:
                 self._cv.notify_all()
 
     def wait(self, pred, timeout: float) -> bool:
+        """Until pred(job), re-checked at every line and every 0.1 s (processes exit
+        without a line)."""
+        deadline = time.monotonic() + timeout
         with self._cv:
-            return self._cv.wait_for(lambda: pred(self), timeout)
+            while not pred(self):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(min(0.1, left))
+            return True
 
     def live(self) -> list[Member]:
         with self._cv:

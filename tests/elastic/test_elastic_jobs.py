@@ -31,6 +31,14 @@ def test_kill_9_in_a_row_the_survivors_finish_identical_with_their_replacements(
     assert len(out.replacement_seconds()) >= 3
 
 
+def _one_storehost(port: int) -> list[int]:
+    """The store hosts of `port` once any that lost the race to bind it have left."""
+    deadline = time.monotonic() + 20
+    while len(found := _storehosts(port)) > 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return found
+
+
 def _storehosts(port: int) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
@@ -55,7 +63,7 @@ def test_the_member_that_started_the_store_is_lost_and_the_job_goes_on():
         store = TCPStore("127.0.0.1", job.port, b"", timeout=5)
         spawner = int(store.get("elastic/job/store-started-by"))
         store.close()
-        assert len(_storehosts(job.port)) == 1
+        assert len(_one_storehost(job.port)) == 1
         victim = next(m.id for m in job.members.values() if m.pid == spawner)
         kill = job.kill([victim], "step")
         assert job.wait(lambda j: j.stepping(2), 60), job.stderr
@@ -110,4 +118,32 @@ def test_a_partition_without_a_majority_raises_on_every_member():
         lines = [ln for ln in job.stderr if ln.startswith(f"[rank {r}]: ") and "ElasticError" in ln]
         assert any("majority" in ln for ln in lines), (r, lines)
     assert elapsed < 2 + 1.5 + 10  # the collective timeout, the join timeout, slack
+    assert job.leftovers() == []
+
+
+@pytest.mark.timeout(120)
+def test_when_the_store_dies_training_goes_on_until_the_next_membership_change():
+    job = Job(3, launcher=False, env={"EL_STEPS": "1000000", "EL_TIMEOUT": "10"})
+    try:
+        assert job.wait(lambda j: j.stepping(3), 90), job.stderr
+        hosts = _one_storehost(job.port)
+        assert len(hosts) == 1
+        os.kill(hosts[0], signal.SIGKILL)
+        before = job.max_step()
+        assert job.wait(lambda j: j.max_step() > before + 20, 30)  # no failure: no store needed
+        victim = max(m.id for m in job.live())
+        t0 = time.monotonic()
+        job.kill([victim], "step")
+        gone = lambda j: all(p.poll() is not None for p in j.procs if p.pid != j.members[victim].pid)  # noqa: E731
+        assert job.wait(gone, 30), "".join(job.stderr)
+        elapsed = time.monotonic() - t0
+    finally:
+        job.finish(5)
+    err = "".join(job.stderr)
+    for m in job.members.values():
+        if m.id != victim:
+            lines = [ln for ln in job.stderr if ln.startswith(f"[member {m.id}]: ")]
+            assert any("StoreError" in ln for ln in lines), (m.id, lines[-5:])
+    assert "the store is unreachable" in err  # said once, when the leader first missed it
+    assert elapsed < 15
     assert job.leftovers() == []

@@ -287,7 +287,9 @@ def _report_flight(directory: str, status: int, err: _Output, remove_if_empty: b
         if remove_if_empty:
             shutil.rmtree(directory, ignore_errors=True)
         return
-    if status == 0:
+    if status == 0:  # e.g. an elastic job that went on after failures
+        err.write(b"", f"pycollective run: flight recorder dumps of the failures the job "
+                       f"went on from in {directory}".encode())  # fmt: skip
         return
     lines = [
         f"pycollective run: flight recorder dumps in {directory} "

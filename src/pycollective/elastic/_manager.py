@@ -410,8 +410,11 @@ class Manager:
         if env.store_host == "launcher" or not _is_local(host):
             return TCPStore(host, port, secret, timeout=self.timeout,
                             connect_timeout=self.setup_timeout)  # fmt: skip
+        # RANK 0 starts the store host at once; the others give it a moment first, so
+        # that usually one process is started (if several race, one binds, the rest exit).
+        first_look = 0.3 if env.rank in (0, None) else 5.0
         try:
-            return TCPStore(host, port, secret, timeout=self.timeout, connect_timeout=0.3)
+            return TCPStore(host, port, secret, timeout=self.timeout, connect_timeout=first_look)
         except StoreError:
             pass
         # Nobody serves it yet: start a store host of our own, in a session of its own
