@@ -9,6 +9,9 @@ TORCH_VERSION := 2.13.0
 # Debian packages the tests use: OpenMPI and MPICH, to check that ranks start under a real
 # mpirun and a real mpiexec.hydra.
 APT_PACKAGES := openmpi-bin libopenmpi-dev mpich
+# Slurm's daemons and client and munge, for the srun and sbatch jobs of tests/api/test_slurm.py
+# (each test starts and stops a cluster of its own); without their recommends: only these.
+APT_SMALL := slurmctld slurmd slurm-client munge
 
 .PHONY: setup system-deps test faults demo bench compare multihost torch-suite lint clean
 
@@ -26,13 +29,16 @@ $(STAMP): pyproject.toml setup.py $(wildcard src/pycollective/_native/*.[ch])
 
 # Installs the Debian packages when missing and running as root; otherwise says how.
 system-deps:
-	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -z "$$missing" ]; then exit 0; fi; \
+	@missing=""; small=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	for p in $(APT_SMALL); do dpkg -s $$p >/dev/null 2>&1 || small="$$small $$p"; done; \
+	if [ -z "$$missing$$small" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "installing$$missing"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+		echo "installing$$missing$$small"; \
+		apt-get update -qq && \
+		{ [ -z "$$missing" ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; } && \
+		{ [ -z "$$small" ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$small >/dev/null; }; \
 	else \
-		echo "note: optional packages missing:$$missing (sudo apt-get install$$missing); their tests will skip"; \
+		echo "note: optional packages missing:$$missing$$small (sudo apt-get install$$missing$$small); their tests will skip"; \
 	fi
 
 test: setup
