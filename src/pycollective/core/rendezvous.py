@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from .. import _config, _launch_env, _netutil
@@ -151,20 +152,22 @@ def connect_world(
     *,
     master_addr: str | None = None,
     multi_node: bool = False,
+    abort: Callable[[], str | None] | None = None,
 ) -> World:
     """Connect this rank to every other rank of a job and return the World, without
     touching the default group: the torch backend and the parameter server build their own.
 
     `store` has set(key, bytes) and get(key, timeout=None) (ours, or a torch store wrapped
     in _TorchStoreAdapter); addresses go under `prefix`, which must be unique per world
-    sharing that store. Every rank calls this with the same size and prefix.
+    sharing that store. Every rank calls this with the same size and prefix. `abort`
+    (see connect_mesh) may end the wait for peers early.
     """
     transport = None
     if size > 1:
         secret = secret_from_env()
         bind, advertise = _netutil.listen_address(master_addr or "127.0.0.1", multi_node)
         _warn_if_open(bind, secret)
-        transport = connect_mesh(rank, size, store, prefix, secret, bind, advertise, timeout)
+        transport = connect_mesh(rank, size, store, prefix, secret, bind, advertise, timeout, abort)
     if size > 1:  # every rank prices `auto` with rank 0's cost parameters
         try:
             _tuning.agree(rank, size, store, f"{prefix}/cost", timeout)

@@ -124,6 +124,13 @@ class _WatchedStore:
     def close(self) -> None:
         pass
 
+    def gone(self) -> str | None:
+        """Which members left, for connect_mesh's abort check (None: all there)."""
+        if not self._leases or self._store.check(list(self._leases.values())):
+            return None
+        lost = [u for u, k in self._leases.items() if not self._store.check([k])]
+        return f"member(s) {', '.join(lost)} left while the group formed" if lost else None
+
 
 class Manager:
     """Owns the process group of an elastic job and remakes it as members come and go.
@@ -607,7 +614,7 @@ class Manager:
         store = _WatchedStore(self._store, leases, time.monotonic() + self.setup_timeout)
         world = rendezvous.connect_world(
             rank, size, store, self.setup_timeout, self._key("round", t, "mesh"),
-            master_addr=self._master_addr, multi_node=self._multi_node,
+            master_addr=self._master_addr, multi_node=self._multi_node, abort=store.gone,
         )  # fmt: skip
         self._world = world
         # A new id per round: no frame of an earlier group can pass for one of this group.

@@ -9,6 +9,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 from ... import _auth
 from ..._errors import AuthenticationError, CollectiveTimeout, TransportError
@@ -21,11 +22,27 @@ _HELLO = struct.Struct("<4sII")  # b"HELO", rank, world size
 _PURPOSE = b"transport"
 
 
-def _connect_with_retry(host: str, port: int, deadline: float) -> socket.socket:
-    try:
-        return connect_with_retry(host, port, deadline)
-    except OSError as exc:
-        raise TransportError(f"could not connect to {host}:{port}: {exc}") from None
+Abort = Callable[[], str | None] | None  # a reason to give up now, or None to go on
+
+
+def _check(abort: Abort) -> None:
+    reason = abort() if abort is not None else None
+    if reason:
+        raise TransportError(f"the mesh set-up was abandoned: {reason}")
+
+
+def _connect_with_retry(
+    host: str, port: int, deadline: float, abort: Abort = None
+) -> socket.socket:
+    while True:
+        _check(abort)
+        # with an abort check, retry in short slices and ask it between them
+        part = deadline if abort is None else min(deadline, time.monotonic() + 0.25)
+        try:
+            return connect_with_retry(host, port, part)
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise TransportError(f"could not connect to {host}:{port}: {exc}") from None
 
 
 def _tune(sock: socket.socket) -> None:
@@ -41,12 +58,15 @@ def connect_mesh(
     bind_host: str,
     advertise_host: str,
     timeout: float,
+    abort: Abort = None,
 ) -> TCPTransport:
     """Connect every pair of ranks: rank i dials every j < i and accepts every j > i.
 
     Addresses are exchanged through the rendezvous store. Rank i only dials ranks that are
     already listening, and every rank listens before it dials, so this cannot deadlock.
     A connection that fails the handshake is logged and dropped; the mesh goes on.
+    `abort`, if given, is asked while waiting for peers: a reason it returns ends the
+    set-up at once with TransportError (pycollective.elastic: a member's lease ended).
     """
     deadline = time.monotonic() + timeout
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -60,7 +80,7 @@ def connect_mesh(
         for peer in range(rank):
             addr = store.get(f"{prefix}/tcp/{peer}").decode()
             host, _, peer_port = addr.rpartition(":")
-            sock = _connect_with_retry(host, int(peer_port), deadline)
+            sock = _connect_with_retry(host, int(peer_port), deadline, abort)
             try:
                 _auth.connect_handshake(
                     sock, secret, _PURPOSE, timeout=max(0.1, deadline - time.monotonic())
@@ -76,7 +96,7 @@ def connect_mesh(
             conns[peer] = sock
         expected = set(range(rank + 1, size))
         if expected:
-            _accept_all(listener, rank, size, secret, expected, deadline, conns)
+            _accept_all(listener, rank, size, secret, expected, deadline, conns, abort)
     except BaseException:
         for sock in conns.values():
             sock.close()
@@ -98,6 +118,7 @@ def _accept_all(
     expected: set[int],
     deadline: float,
     conns: dict[int, socket.socket],
+    abort: Abort = None,
 ) -> None:
     """Accept until every rank in `expected` has joined, authenticating each incoming
     connection on its own short-lived thread, so a client that connects and then says
@@ -135,6 +156,7 @@ def _accept_all(
                 expected.discard(peer)
             if not expected:
                 break
+            _check(abort)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise CollectiveTimeout(
