@@ -24,7 +24,10 @@ Job = Callable[[], Any]
 
 class Engine:
     def __init__(self) -> None:
-        self._cv = threading.Condition()
+        # `with self._lock` where `with self._cv` would do: the same lock, without the
+        # Python-level Condition.__enter__ (two per call on the hot path).
+        self._lock = threading.RLock()
+        self._cv = threading.Condition(self._lock)
         self._queue: deque[tuple[Job, Work]] = deque()
         self._running = False
         self._thread: threading.Thread | None = None
@@ -56,7 +59,7 @@ class Engine:
         # two calls (releasing the lock is one), and must not leave the engine marked busy
         # for ever (destroy_process_group would then wait its full timeout).
         try:
-            with self._cv:
+            with self._lock:
                 while self._queue or self._running:
                     self._wait()
                 if self._stopped:
@@ -66,7 +69,7 @@ class Engine:
             return job()
         finally:
             if entered:
-                with self._cv:
+                with self._lock:
                     self._running = False
                     self._owner = None
                     if self._queue or self._waiters:
@@ -104,7 +107,7 @@ class Engine:
         me = threading.get_ident()
         entered = False
         try:
-            with self._cv:
+            with self._lock:
                 if self._running or self._stopped or not self._queue:
                     return
                 job, head = self._queue[0]
@@ -120,14 +123,14 @@ class Engine:
                 work._complete()
         finally:
             if entered:
-                with self._cv:
+                with self._lock:
                     self._queue.popleft()
                     self._running = False
                     self._owner = None
                     self._cv.notify_all()
 
     def _enqueue(self, job: Job, work: Work) -> None:
-        with self._cv:
+        with self._lock:
             if self._stopped:
                 raise UsageError("the process group was destroyed")
             self._queue.append((job, work))
@@ -140,7 +143,7 @@ class Engine:
 
     def _worker(self) -> None:
         while True:
-            with self._cv:
+            with self._lock:
                 while not self._stopped and (not self._queue or self._running):
                     self._cv.wait()
                 if self._stopped and not self._queue:
@@ -155,7 +158,7 @@ class Engine:
             else:
                 work._complete()
             finally:
-                with self._cv:
+                with self._lock:
                     self._queue.popleft()
                     self._running = False
                     self._owner = None
@@ -168,7 +171,7 @@ class Engine:
         return bool(self._p2p)
 
     def defer_p2p(self, op: Any, work: Work) -> Work:
-        with self._cv:
+        with self._lock:
             self._p2p.append((op, work))
         work._on_demand = self.flush_p2p
         return work
@@ -177,7 +180,7 @@ class Engine:
         """Start the deferred point-to-point batch (on the worker thread)."""
         if not self._p2p:  # the common case, without taking the lock
             return
-        with self._cv:
+        with self._lock:
             batch, self._p2p = self._p2p, []
         if not batch:
             return
@@ -202,7 +205,7 @@ class Engine:
     def idle(self) -> None:
         """Wait for everything issued so far."""
         self.flush_p2p()
-        with self._cv:
+        with self._lock:
             while self._queue or self._running:
                 self._wait()
 
@@ -212,7 +215,7 @@ class Engine:
         error), and wait (at most `timeout`) for that. Never waits on the calling thread's
         own job (destroy called from a callback or a signal handler)."""
         me = threading.get_ident()
-        with self._cv:
+        with self._lock:
             self._stopped = True
             self._cv.notify_all()
 
