@@ -134,7 +134,11 @@ def test_when_the_store_dies_training_goes_on_until_the_next_membership_change()
         victim = max(m.id for m in job.live())
         t0 = time.monotonic()
         job.kill([victim], "step")
-        gone = lambda j: all(p.poll() is not None for p in j.procs if p.pid != j.members[victim].pid)  # noqa: E731
+        dead = job.members[victim].pid
+
+        def gone(j: Job) -> bool:
+            return all(p.poll() is not None for p in j.procs if p.pid != dead)
+
         assert job.wait(gone, 30), "".join(job.stderr)
         elapsed = time.monotonic() - t0
     finally:

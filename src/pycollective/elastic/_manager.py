@@ -190,6 +190,11 @@ class Manager:
         job = job or os.environ.get("PYCOLLECTIVE_JOB_ID") or "job"
         base = env.store_prefix.rstrip("/") + "/" if env.store_prefix else ""
         self._prefix = f"{base}elastic/{job}"
+        if store is not None and not isinstance(store, TCPStore):
+            raise UsageError(
+                f"an elastic Manager needs pycollective's TCPStore (for its leases), got "
+                f"{type(store).__name__}"
+            )
         self._owns_store = store is None
         self._store_idle = store_idle
         self._store = store if store is not None else self._connect_store(env)

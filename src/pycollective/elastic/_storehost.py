@@ -7,6 +7,10 @@ session of its own, so the store outlives that member: losing any member, the on
 started it included, loses nothing. It serves until no client has been connected for
 IDLE_SECONDS (after the first one came), and exits quietly if the port is taken (another
 member's store host won the race). The secret is the job's (PYCOLLECTIVE_SECRET).
+
+When the last client leaves, the store forgets every key at once: no member is alive to
+need them (every member holds its connection for its whole life), and a job started again
+on the same port must not read the last one's rounds, decisions or end.
 """
 
 from __future__ import annotations
@@ -28,12 +32,16 @@ def serve(host: str, port: int, idle: float) -> int:
         return 0  # someone else hosts it
     quiet_since = time.monotonic()
     seen = False
+    cleared = 0.0
     try:
         while True:
             time.sleep(_POLL)
             if server.connections:
                 seen = True
                 quiet_since = time.monotonic()
+            elif seen and quiet_since > cleared:
+                server.clear()
+                cleared = time.monotonic()
             elif time.monotonic() - quiet_since > (idle if seen else 4 * idle):
                 return 0
     finally:

@@ -122,6 +122,11 @@ class KVTable:
         with self._cond:
             return len(self._data)
 
+    def clear(self) -> None:
+        with self._cond:
+            self._data.clear()
+            self._cond.notify_all()
+
 
 class HashStore(Store):
     """An in-process store (threads of one process), like torch's HashStore."""

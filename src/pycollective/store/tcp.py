@@ -127,6 +127,10 @@ class TCPStoreServer:
         with self._lock:
             return len(self._conns)
 
+    def clear(self) -> None:
+        """Forget every key."""
+        self._table.clear()
+
     def start(self) -> TCPStoreServer:
         """Bind, listen and serve from a daemon thread. Returns self."""
         if self._thread is not None:
