@@ -195,21 +195,6 @@ class Manager:
                 f"an elastic Manager needs pycollective's TCPStore (for its leases), got "
                 f"{type(store).__name__}"
             )
-        self._owns_store = store is None
-        self._store_idle = store_idle
-        self._store = store if store is not None else self._connect_store(env)
-        # The lease rides a connection of its own, so nothing else can break it.
-        self._lease_store: TCPStore | None = None
-        try:
-            self._lease_store = TCPStore(
-                self._store.host, self._store.port, timeout=self.timeout,
-                connect_timeout=self.setup_timeout,
-            )  # fmt: skip
-            self._lease_store.set_lease(self._lease_key(self.uid), str(os.getpid()))
-        except BaseException:
-            self.close()
-            raise
-
         self.step = 0  # committed steps
         self.samples = 0  # samples consumed by committed steps (ElasticSampler)
         self.events: list[Event] = []
@@ -226,6 +211,20 @@ class Manager:
         self._closed = False
         self._sampler: Any = None
         self._flat: dict[Any, Any] = {}
+        self._owns_store = store is None
+        self._store_idle = store_idle
+        self._lease_store: TCPStore | None = None
+        self._store = store if store is not None else self._connect_store(env)
+        # The lease rides a connection of its own, so nothing else can break it.
+        try:
+            self._lease_store = TCPStore(
+                self._store.host, self._store.port, timeout=self.timeout,
+                connect_timeout=self.setup_timeout,
+            )  # fmt: skip
+            self._lease_store.set_lease(self._lease_key(self.uid), str(os.getpid()))
+        except BaseException:
+            self.close()
+            raise
 
     # ----------------------------------------------------------------- what users read
 
