@@ -41,7 +41,8 @@ class Member:
 
 @dataclass
 class Kill:
-    kind: str  # "step" (a random moment), "recovery" (during a round), "joining", "double"
+    kind: str  # "step" (a random moment), "collective" (the others wait in the all_reduce
+    # for it), "recovery" (during the round after another kill), "joining", "double"
     victims: list[int]
     at: float
     committed_before: int = 0  # the highest step committed by a survivor before the kill
@@ -89,6 +90,7 @@ class Job:
         base = dict(os.environ)
         base.update(
             EL_TAG=self.tag, EL_STOP_FILE=self.stop_file, PYCOLLECTIVE_FLIGHT_DIR=self.tmp,
+            EL_KILL_DIR=self.tmp,
             PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "src"), str(REPO),
                                                      os.environ.get("PYTHONPATH")])),
         )  # fmt: skip
@@ -189,6 +191,22 @@ class Job:
                 self.members[i].killed_at = at
         return Kill(kind, ids, at, before)
 
+    def kill_in_collective(self, victim: int) -> Kill:
+        """The victim SIGKILLs itself just before its next all_reduce, while the others
+        wait in it (tests/elastic/_worker.py checks for a file named after its pid)."""
+        with self._cv:
+            m = self.members[victim]
+            survivors = [x for x in self.members.values()
+                         if x.killed_at is None and x.id != victim]  # fmt: skip
+            before = max((s["step"] for x in survivors for s in x.steps if s["ok"]), default=0)
+            at = time.time()
+            open(os.path.join(self.tmp, str(m.pid)), "w").close()
+            m.killed_at = at
+        deadline = time.monotonic() + 10
+        while _alive(m.pid) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        return Kill("collective", [victim], at, before)
+
     def stop_at(self, step: int) -> None:
         with open(self.stop_file + ".tmp", "w") as f:
             f.write(str(step))
@@ -271,6 +289,14 @@ class Job:
         return out
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def _tagged(tag: str) -> list[int]:
     found = []
     needle = f"EL_TAG={tag}".encode()
@@ -293,7 +319,8 @@ def kills_in_a_row(
     round after a first kill forms (mid-recovery), a replacement as it joins, and two at
     once; the launcher starts a replacement after each loss. Then stop and judge."""
     rng = random.Random(seed)
-    plan = ["step", "double", "recovery", "joining", "step", "step", "recovery", "step"]
+    plan = ["step", "collective", "double", "recovery", "joining", "step", "collective",
+            "recovery", "step"]  # fmt: skip
     job = Job(4, elastic="2:4", restarts=2 * kills + 2,
               env={"EL_STEPS": "1000000", "EL_SLEEP": "0.02", **(env or {})})  # fmt: skip
     done: list[Kill] = []
@@ -302,8 +329,9 @@ def kills_in_a_row(
         count = 0
         i = 0
         while count < kills:
-            kind = plan[i % len(plan)] if kills - count >= 2 or plan[i % len(plan)] in (
-                "step", "joining") else "step"  # fmt: skip
+            kind = plan[i % len(plan)]
+            if kills - count < (2 if kind in ("double", "recovery", "joining") else 1):
+                kind = "step"  # one kill left
             i += 1
             if not job.wait(lambda j: j.stepping(4), 90):
                 problems.append(f"the job did not get back to 4 stepping members (kill {count})")
@@ -320,6 +348,9 @@ def kills_in_a_row(
                 rest = [x for x in live if x not in first.victims]
                 done.append(job.kill([rng.choice(rest)], "recovery"))
                 count += 2
+            elif kind == "collective":
+                done.append(job.kill_in_collective(rng.choice(live)))
+                count += 1
             elif kind == "joining":
                 newest = max(live)
                 job.kill([rng.choice([x for x in live if x != newest])], "step")

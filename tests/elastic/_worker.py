@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import sys
 import time
 
@@ -35,6 +36,7 @@ from pycollective import elastic  # noqa: E402
 
 STEPS = int(os.environ.get("EL_STEPS", "60"))
 STOP = os.environ.get("EL_STOP_FILE")  # holds the step to stop at, once the test decides
+KILL_DIR = os.environ.get("EL_KILL_DIR")  # a file named after our pid: die mid-collective
 SLEEP = float(os.environ.get("EL_SLEEP", "0.02"))
 data = np.random.default_rng(0).standard_normal((2048, 32))
 target = data @ np.linspace(-1, 1, 32)
@@ -95,6 +97,8 @@ try:
         x, y = data[idx], target[idx]
         g = (x * (x @ w - y)[:, None]).mean(0) if len(idx) else np.zeros(32)
         time.sleep(SLEEP)
+        if KILL_DIR and os.path.exists(os.path.join(KILL_DIR, str(os.getpid()))):
+            os.kill(os.getpid(), signal.SIGKILL)  # the others are in the all_reduce, waiting
         mgr.average([g])
         ok = mgr.should_commit()
         if ok:

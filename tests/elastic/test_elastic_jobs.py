@@ -23,7 +23,7 @@ def test_kill_9_in_a_row_the_survivors_finish_identical_with_their_replacements(
     out = kills_in_a_row(KILLS, seed=20261201)
     assert out.problems == [], (out.problems, out.stderr[-4000:])
     kinds = {k.kind for k in out.kills}
-    assert {"step", "double", "recovery"} <= kinds
+    assert {"step", "collective", "double", "recovery"} <= kinds
     for k in out.kills:
         # at most the step in flight is lost, and training resumes within the bound
         assert k.resumed_step >= k.committed_before - 1, k
