@@ -8,6 +8,7 @@ across hosts.
 
 from __future__ import annotations
 
+from . import _log
 from ._errors import (
     AuthenticationError,
     CollectiveError,
@@ -69,6 +70,8 @@ from .api.p2p import P2POp, batch_isend_irecv, irecv, isend, monitored_barrier, 
 from .api.stores import FileStore, HashStore, PrefixStore, Store, TCPStore
 from .core.group import ProcessGroup
 from .core.work import Future, Work
+
+_log.configure_quietly()  # PYCOLLECTIVE_DEBUG=INFO|DETAIL: our log on stderr (see _log.py)
 
 __all__ = [
     "__version__",

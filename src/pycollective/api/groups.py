@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from .. import _config, _launch_env, schedule
+from .. import _config, _launch_env, _log, schedule
 from .._auth import secret_from_env
 from .._errors import StoreError, UsageError
 from ..core import rendezvous
@@ -84,6 +85,8 @@ def init_process_group(
     mpirun, srun, PMI). With none of those and no arguments, the process is a world of one.
     """
     _check_device_id(device_id, "init_process_group")
+    _log.configure()  # a bad PYCOLLECTIVE_DEBUG is named here
+    started = time.monotonic()
     with DEFAULT.lock:
         if DEFAULT.world is not None:
             raise UsageError(
@@ -106,6 +109,13 @@ def init_process_group(
         if not 0 <= rank < world_size:
             raise UsageError(f"rank {rank} is out of range for world size {world_size} (set RANK)")
         DEFAULT.generation += 1
+        log.info(
+            "init_process_group: rank %d of %d (local %d of %d), started by %s; rendezvous "
+            "at %s:%s (store %s)%s",
+            rank, world_size, env.local_rank, env.local_world_size, env.launcher,
+            env.master_addr or "127.0.0.1", env.master_port, env.store_host,
+            ", several hosts" if env.multi_node else "",
+        )  # fmt: skip
         the_store = None
         if world_size > 1:
             the_store = (
@@ -144,6 +154,10 @@ def init_process_group(
         # After this, every rank has read every address it needs from the store.
         try:
             barrier()
+            log.info(
+                "init_process_group: rank %d joined %d ranks in %.3f s",
+                rank, world_size, time.monotonic() - started,
+            )  # fmt: skip
             if _tuning.job_wants_calibration():  # rank 0's PYCOLLECTIVE_CALIBRATE
                 calibrate()
         except BaseException:

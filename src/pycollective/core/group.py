@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import schedule
+from .. import _log, schedule
 from .._dtypes import DType
 from .._errors import CollectiveError, CollectiveTimeout, UsageError
 from .._reduce_ops import ReduceOp, finish_average, kernel
@@ -109,6 +109,7 @@ class ProcessGroup:
         self._shm_known = False
         # Also set then: which member is on which host (_hierarchy.py); None for one rank.
         self.hierarchy: _hier.Hierarchy | None = None
+        self._noted: set = set()  # the calls PYCOLLECTIVE_DEBUG=INFO has named (_log.py)
 
     # torch spells these as methods
     def rank(self) -> int:
@@ -243,6 +244,9 @@ class ProcessGroup:
         )
         red_kernel = kernel(op, dtype) if op is not None else None
         label = f"{collective}#{seq}({algo}, {count} x {dtype.name})"
+        if _log.LOGGER.isEnabledFor(logging.INFO):  # PYCOLLECTIVE_DEBUG=INFO|DETAIL
+            _log.note_call(self._noted, self.group_name, self._rank, self.size(), collective,
+                           algorithm, algo, label, count * dtype.itemsize)  # fmt: skip
         world = self.world
         flight = world.flight
         entry = flight.record(  # type: ignore[union-attr]

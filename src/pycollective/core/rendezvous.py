@@ -6,6 +6,8 @@ API layer (api/groups.py) and the torch backend each build their Worlds with the
 from __future__ import annotations
 
 import datetime
+import logging
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +20,8 @@ from ..transport.tcp import connect_mesh
 from ..tuning import params as _tuning
 from .p2p import run_batch
 from .world import World
+
+log = logging.getLogger("pycollective.rendezvous")
 
 
 class TorchStoreAdapter:
@@ -167,7 +171,13 @@ def connect_world(
         secret = secret_from_env()
         bind, advertise = _netutil.listen_address(master_addr or "127.0.0.1", multi_node)
         _warn_if_open(bind, secret)
+        t0 = time.monotonic()
         transport = connect_mesh(rank, size, store, prefix, secret, bind, advertise, timeout, abort)
+        log.info(
+            "rank %d: TCP mesh of %d ranks up in %.3f s (listening on %s, advertised as %s%s)",
+            rank, size, time.monotonic() - t0, bind, advertise,
+            "" if secret else "; peers not authenticated: no PYCOLLECTIVE_SECRET",
+        )  # fmt: skip
     if size > 1:  # every rank prices `auto` with rank 0's cost parameters
         try:
             _tuning.agree(rank, size, store, f"{prefix}/cost", timeout)

@@ -1,0 +1,95 @@
+"""The library's logging: quiet unless asked, as a library should be, and one switch users
+know from NCCL_DEBUG and TORCH_DISTRIBUTED_DEBUG.
+
+Every logger of the package is a child of "pycollective", which has a NullHandler: a
+program that configures no logging sees nothing, and one that does (logging.basicConfig)
+decides itself. PYCOLLECTIVE_DEBUG turns on a handler of our own on stderr:
+
+    PYCOLLECTIVE_DEBUG=INFO     rendezvous (who found whom, where, how long it took),
+                                the algorithm each distinct call runs ("auto" chose what)
+    PYCOLLECTIVE_DEBUG=DETAIL   also every collective call (DEBUG level)
+    unset, "" or OFF            nothing (the default)
+
+Off costs a level check per call (Logger.isEnabledFor, cached by logging).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping
+
+from ._errors import UsageError
+
+LOGGER = logging.getLogger("pycollective")
+LOGGER.addHandler(logging.NullHandler())
+
+VARIABLE = "PYCOLLECTIVE_DEBUG"
+LEVELS = {"OFF": None, "INFO": logging.INFO, "DETAIL": logging.DEBUG}
+FORMAT = "pycollective %(levelname)s pid %(process)d %(name)s: %(message)s"
+
+
+class _DebugHandler(logging.StreamHandler):
+    """The handler PYCOLLECTIVE_DEBUG installs (told apart from the user's own)."""
+
+
+def debug_level(env: Mapping[str, str] | None = None) -> int | None:
+    """The level PYCOLLECTIVE_DEBUG asks for (None: off); UsageError for a bad value."""
+    raw = (os.environ if env is None else env).get(VARIABLE, "")
+    value = raw.strip().upper()
+    if value == "":
+        return None
+    if value not in LEVELS:
+        raise UsageError(f"{VARIABLE}={raw!r} is not a debug level; use INFO, DETAIL or OFF")
+    return LEVELS[value]
+
+
+def configure(env: Mapping[str, str] | None = None) -> None:
+    """Install (or remove) the stderr handler PYCOLLECTIVE_DEBUG asks for. Called when the
+    package is imported (a bad value is ignored there) and by init_process_group (where
+    it raises); idempotent."""
+    level = debug_level(env)
+    ours = [h for h in LOGGER.handlers if isinstance(h, _DebugHandler)]
+    if level is None:
+        for h in ours:
+            LOGGER.removeHandler(h)
+        if ours:
+            LOGGER.setLevel(logging.NOTSET)
+        return
+    if not ours:
+        handler = _DebugHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(FORMAT))
+        LOGGER.addHandler(handler)
+    LOGGER.setLevel(level)
+
+
+def note_call(
+    seen: set, group: str, rank: int, size: int, collective: str, asked: str | None,
+    algorithm: str, label: str, nbytes: int,
+) -> None:  # fmt: skip
+    """At INFO, the algorithm each distinct call runs (once per group, collective, asked
+    name, choice and size); at DEBUG (DETAIL), every call. Callers check
+    LOGGER.isEnabledFor(logging.INFO) first, so that this costs nothing when off."""
+    key = (collective, asked, algorithm, nbytes)
+    if key not in seen and len(seen) < _MAX_NOTED:
+        seen.add(key)
+        how = f"auto chose {algorithm}" if asked in (None, "auto") else f"{algorithm} (asked)"
+        LOGGER.info(
+            "%s rank %d of %d: %s of %d bytes: %s", group, rank, size, collective, nbytes, how
+        )
+    if LOGGER.isEnabledFor(logging.DEBUG):
+        LOGGER.debug("%s rank %d: %s", group, rank, label)
+
+
+_MAX_NOTED = 4096  # distinct calls noted per group: a program of ever-new sizes stays bounded
+
+
+def configure_quietly() -> None:
+    try:
+        configure()
+    except UsageError:
+        pass  # init_process_group raises it, naming the variable
+
+
+__all__ = ["LOGGER", "configure", "configure_quietly", "debug_level", "note_call"]
