@@ -121,6 +121,15 @@ def count_wrong(a: np.ndarray, offset: int, value: Callable[[int], float], rtol:
     return wrong
 
 
+def blocks_wrong(out: np.ndarray, p: int, n: int, offset: int, rtol: float) -> int:
+    """Wrong elements of p blocks of n, block j holding rank j's v(j, offset + i): what
+    all_gather (offset 0) and all_to_all (offset rank * n) must give."""
+    return sum(
+        count_wrong(out[j * n : (j + 1) * n], offset, lambda i, j=j: _value(j, i), rtol)
+        for j in range(p)
+    )
+
+
 class Mode:
     """One form of a call: `fn` times it; `check()` fills the pattern, calls once and
     returns how many elements this rank got wrong."""
@@ -150,6 +159,13 @@ def make_modes(backend: Any, collective: str, algorithm: str, count: int, dtype:
         prepare()
         return Mode(fn, check)
 
+    def part(big: Any, big_view: np.ndarray, mode: str) -> tuple[Any, np.ndarray]:
+        """This rank's n elements: its block of `big` in place, else a buffer of its own."""
+        if mode == "in_place":
+            return backend.block(big, r * n, n), big_view[r * n : (r + 1) * n]
+        buf = backend.empty(n, dtype)
+        return buf, backend.view(buf)
+
     def mine(i: int) -> float:
         return _value(r, i)
 
@@ -175,34 +191,22 @@ def make_modes(backend: Any, collective: str, algorithm: str, count: int, dtype:
         if collective == "all_gather":
             out = backend.empty(n * p, dtype)
             ov = backend.view(out)
-            if mode == "in_place":
-                x = backend.block(out, r * n, n)
-                xv = ov[r * n : (r + 1) * n]
-            else:
-                x = backend.empty(n, dtype)
-                xv = backend.view(x)
+            x, xv = part(out, ov, mode)  # in place: the input is this rank's block
 
             def prep(ov=ov, xv=xv) -> None:
                 ov[...] = 0
                 fill(xv, 0, mine)
 
-            def verify(ov=ov) -> int:
-                return sum(
-                    count_wrong(ov[j * n : (j + 1) * n], 0, lambda i, j=j: _value(j, i), rtol)
-                    for j in range(p)
-                )
-
-            modes[mode] = mk(backend.invoke(collective, algorithm, op, out, x), prep, verify)
+            modes[mode] = mk(
+                backend.invoke(collective, algorithm, op, out, x),
+                prep,
+                lambda ov=ov: blocks_wrong(ov, p, n, 0, rtol),
+            )
             continue
         if collective == "reduce_scatter":
             x = backend.empty(n * p, dtype)
             xv = backend.view(x)
-            if mode == "in_place":
-                out = backend.block(x, r * n, n)
-                ov = xv[r * n : (r + 1) * n]
-            else:
-                out = backend.empty(n, dtype)
-                ov = backend.view(out)
+            out, ov = part(x, xv, mode)  # in place: the output is this rank's block
             modes[mode] = mk(
                 backend.invoke(collective, algorithm, op, out, x),
                 lambda xv=xv: fill(xv, 0, mine),
@@ -213,16 +217,10 @@ def make_modes(backend: Any, collective: str, algorithm: str, count: int, dtype:
             x, out = backend.empty(n * p, dtype), backend.empty(n * p, dtype)
             xv, ov = backend.view(x), backend.view(out)
 
-            def verify_a2a(ov=ov) -> int:
-                return sum(
-                    count_wrong(ov[j * n : (j + 1) * n], r * n, lambda i, j=j: _value(j, i), rtol)
-                    for j in range(p)
-                )
-
             modes[mode] = mk(
                 backend.invoke(collective, algorithm, op, out, x),
                 lambda xv=xv: fill(xv, 0, mine),
-                verify_a2a,
+                lambda ov=ov: blocks_wrong(ov, p, n, r * n, rtol),
             )
             continue
         raise SystemExit(f"unknown collective {collective}")
