@@ -159,18 +159,21 @@ def test_elastic_goes_on_without_a_lost_rank_and_starts_a_replacement():
     code = (
         "import os, sys, time\n"
         "print('elastic', os.environ['PYCOLLECTIVE_ELASTIC'], 'local', os.environ['LOCAL_RANK'])\n"
-        "if os.environ['RANK'] == '1': sys.exit(9)\n"
+        "if os.environ['RANK'] == '1': os.kill(os.getpid(), 9)\n"
         "time.sleep(1.5)\n"
+        "if os.environ['RANK'] == '2' and len(sys.argv) > 1: sys.exit(4)\n"
     )
-    res = subprocess.run(
-        [sys.executable, "-m", "pycollective", "run", "-n", "3", "--elastic", "2:3",
-         "--max-restarts", "1", sys.executable, "-c", code],
-        capture_output=True, text=True, timeout=50,
-    )  # fmt: skip
+    cmd = [sys.executable, "-m", "pycollective", "run", "-n", "3", "--elastic", "2:3",
+           "--max-restarts", "1", "--notice", "0.5", sys.executable, "-c", code]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=50)
     assert res.returncode == 0, res.stderr
-    assert "rank 1 exited with status 9; 2 ranks go on and rank 3 starts to replace it" in (
+    assert "rank 1 was killed by SIGKILL; 2 ranks go on and rank 3 starts to replace it" in (
         res.stderr
     )
     assert "[rank 3]: elastic 2:3 local 1" in res.stdout  # the lost rank's slot
-    assert "elastic: the job went on without rank 1 (exited with status 9)" in res.stderr
+    assert "elastic: the job went on without rank 1 (was killed by SIGKILL)" in res.stderr
     assert "SIGTERM" not in res.stderr
+    # a rank that exits with an error (not a lost worker: an exception) ends the job
+    res = subprocess.run([*cmd, "fail"], capture_output=True, text=True, timeout=50)
+    assert res.returncode == 4, res.stderr
+    assert "rank 2 exited with status 4 (the first rank to fail)" in res.stderr

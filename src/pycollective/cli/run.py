@@ -323,9 +323,10 @@ class _Job:
     in a collective learns of the loss through its connections and raises, prints and
     exits on its own; Python's default SIGTERM would end it before its except and finally
     blocks run); then SIGUSR1 to those still running that handle it (pycollective's flight
-    recorder dumps), then SIGTERM, `grace` seconds, SIGKILL. In elastic mode a failure
-    that leaves at least `elastic_min` ranks running stops nobody: the job goes on with
-    them, and a replacement is started while `replacements` allows.
+    recorder dumps), then SIGTERM, `grace` seconds, SIGKILL. In elastic mode a rank killed
+    by a signal, when at least `elastic_min` ranks still run, stops nobody: the job goes on
+    with them, and a replacement is started while `replacements` allows (a rank that
+    exits with an error status still ends the job).
     """
 
     def __init__(
@@ -375,7 +376,11 @@ class _Job:
                 # Several found dead in one look: a rank killed by a signal is likelier the
                 # cause than one that exited with an error (often the others' reaction to it).
                 failed_now.sort(key=lambda x: ((x.returncode or 0) >= 0, x.rank))
-                if self.elastic_min and len(running) >= self.elastic_min:
+                # Elastic: a rank killed by a signal is a lost worker the others go on
+                # without; one that exits with an error (an exception in the script, or
+                # the elastic manager saying the job cannot go on) ends the job.
+                lost = all((x.returncode or 0) < 0 for x in failed_now)
+                if self.elastic_min and lost and len(running) >= self.elastic_min:
                     self._go_on(failed_now, running)
                     continue
                 self.first = failed_now[0]
