@@ -3,8 +3,9 @@ numpy references each rank computes on its own. Exit status 0 only if every chec
 
     python tests/api/battery.py [--torch] [--quick] [--digest]
 
---digest prints a hash of every result's bytes (`digest <hex>`), so two runs can be
-compared bit for bit (tests/native: the compiled arena against the Python one).
+--digest prints a hash of every result's bytes (`digest <hex>`, in no particular order),
+so two runs can be compared bit for bit (tests/native: the compiled arena against the
+Python one).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ OPS = list(ReduceOp)
 
 failures: list[str] = []
 checks = 0
-digest = hashlib.sha256()
+results: list[str] = []  # name and hash of every repeatable result (--digest)
 
 
 def check(name: str, got, want, repeatable: bool = True) -> None:
@@ -59,8 +60,8 @@ def check(name: str, got, want, repeatable: bool = True) -> None:
     got = np.asarray(got)
     want = np.asarray(want)
     if repeatable:
-        digest.update(name.encode())
-        digest.update(np.ascontiguousarray(got).tobytes())
+        h = hashlib.sha256(np.ascontiguousarray(got).tobytes()).hexdigest()
+        results.append(f"{name} {h}")
     if got.shape != want.shape or not np.array_equal(
         got.astype(np.float64) if got.dtype == BF16 else got,
         want.astype(np.float64) if want.dtype == BF16 else want,
@@ -540,7 +541,9 @@ def report(r: int) -> int:
     """Print this rank's summary line (tests parse it); the exit status."""
     print(f"rank {r}: {checks} checks, {len(failures)} failures")
     if "--digest" in sys.argv:
-        print(f"digest {digest.hexdigest()}")
+        # sorted: receives from any source may complete (and be checked) in any order
+        joined = "\n".join(sorted(results)).encode()
+        print(f"digest {hashlib.sha256(joined).hexdigest()}")
     for f in failures[:20]:
         print("FAIL", f)
     return 1 if failures else 0
