@@ -9,8 +9,10 @@ from pycollective.elastic import ElasticSampler, Registration, decide
 from pycollective.elastic._quorum import Decision
 
 
-def reg(uid: str, step: int = 5, fresh: bool = False, order: int = 1 << 30) -> Registration:
-    return Registration(uid, step, fresh, order=order)
+def reg(
+    uid: str, step: int = 5, fresh: bool = False, order: int = 1 << 30, commit_round: int = 2
+) -> Registration:
+    return Registration(uid, step, fresh, order=order, commit_round=commit_round)
 
 
 KW = dict(min_size=2, max_size=8, initial=4)
@@ -39,6 +41,17 @@ def test_the_step_in_flight_is_committed_everywhere_or_nowhere():
     regs = [reg("a", 6), reg("c", 5), reg("d", 6)]
     d = decide(3, "c", PREV, regs, {"b"}, False, **KW)
     assert d.donor == "a" and d.behind == ("c",) and d.max_step == 6
+
+
+def test_a_member_left_out_with_a_step_of_its_own_adopts_the_jobs():
+    # x committed step 6 in round 2, in a group the job did not go on with (it was slow,
+    # left out of round 3); a and b redid step 6 in round 3. Same step, other states.
+    regs = [reg("a", 6, commit_round=3), reg("b", 6, commit_round=3), reg("x", 6, commit_round=2)]
+    d = decide(4, "a", ["a", "b"], regs, set(), False, **KW)
+    assert d.donor == "a" and d.behind == ("x",)
+    # and equal versions need no transfer
+    same = decide(4, "a", ["a", "b"], regs[:2], set(), False, **KW)
+    assert same.behind == () and same.donor == ""
 
 
 def test_majority_of_the_live_previous_members():

@@ -196,6 +196,7 @@ class Manager:
                 f"{type(store).__name__}"
             )
         self.step = 0  # committed steps
+        self._commit_round = -1  # the round of the last commit (with step: the state's name)
         self.samples = 0  # samples consumed by committed steps (ElasticSampler)
         self.events: list[Event] = []
         self.group: ProcessGroup | None = None
@@ -296,6 +297,7 @@ class Manager:
         self._in_step = False
         if ok:
             self.step += 1
+            self._commit_round = self._round if self._round is not None else -1
             if self._sampler is not None:
                 self.samples += self._sampler.global_batch
         return ok
@@ -546,7 +548,13 @@ class Manager:
     def _decide(self, t: int, deadline: float) -> Decision:
         """Register for round t and wait for its decision (deciding it when ours to)."""
         me = Registration(
-            self.uid, self.step, self._fresh, socket.gethostname(), os.getpid(), self._order
+            self.uid,
+            self.step,
+            self._fresh,
+            socket.gethostname(),
+            os.getpid(),
+            self._order,
+            self._commit_round,
         )
         i = self._store.add(self._key("round", t, "n"), 1)
         self._store.set(self._key("round", t, "reg", i), json.dumps(me.to_json()))
@@ -654,12 +662,14 @@ class Manager:
 
     def _full_state(self) -> dict[str, Any]:
         user = self._state_dict() if self._state_dict is not None else None
-        return {"step": self.step, "samples": self.samples, "user": user}
+        return {"step": self.step, "commit_round": self._commit_round,
+                "samples": self.samples, "user": user}  # fmt: skip
 
     def _apply_state(self, state: dict[str, Any]) -> None:
         if self._load_state_dict is not None and state["user"] is not None:
             self._load_state_dict(state["user"])
         self.step = int(state["step"])
+        self._commit_round = int(state["commit_round"])
         self.samples = int(state["samples"])
 
 

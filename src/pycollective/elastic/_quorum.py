@@ -15,9 +15,12 @@ decision. The rules:
   therefore raises everywhere; one with a majority goes on, and the rest raise or rejoin.
 - The members keep their order from round t - 1 (so ranks move as little as possible);
   newcomers follow in the order they registered, up to `max_size`.
-- The training state flows from a donor: the first member at the highest committed step.
-  Members behind it (a step not committed where the donor's was, or a newcomer) receive the
-  donor's state, so the step in flight is either committed on every member or on none.
+- The training state flows from a donor: the first member at the highest committed step
+  (ties broken by the round that step was committed in: a later round's commit is the one
+  the job went on with). Every member whose (step, commit round) differs, and every
+  newcomer, receives the donor's state, so the step in flight is either committed on every
+  member or on none, and a member that was left out of a round and comes back with a step
+  of its own (committed in a group the job did not go on with) adopts the job's.
 """
 
 from __future__ import annotations
@@ -36,6 +39,12 @@ class Registration:
     host: str = ""
     pid: int = 0
     order: int = 1 << 30  # the launcher's RANK: the first round ranks members by it
+    commit_round: int = -1  # the round its last committed step was committed in
+
+    @property
+    def version(self) -> tuple[int, int]:
+        """What names its state: equal versions are equal states, bit for bit."""
+        return (self.step, self.commit_round)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -43,7 +52,8 @@ class Registration:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Registration:
         return cls(str(d["uid"]), int(d["step"]), bool(d["fresh"]), str(d.get("host", "")),
-                   int(d.get("pid", 0)), int(d.get("order", 1 << 30)))  # fmt: skip
+                   int(d.get("pid", 0)), int(d.get("order", 1 << 30)),
+                   int(d.get("commit_round", -1)))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -159,7 +169,7 @@ def _finish(round_: int, members: list[Registration], first_round: bool) -> Deci
         donor = members[0].uid
         behind = tuple(m.uid for m in members[1:])
         return Decision(round_, tuple(members), donor=donor, behind=behind)
-    top = max(m.step for m in holders)
-    donor = next(m.uid for m in holders if m.step == top)
-    behind = tuple(m.uid for m in members if m.fresh or m.step < top)
+    top = max(m.version for m in holders)
+    donor = next(m.uid for m in holders if m.version == top)
+    behind = tuple(m.uid for m in members if m.fresh or m.version != top)
     return Decision(round_, tuple(members), donor=donor if behind else "", behind=behind)
