@@ -151,3 +151,40 @@ def test_when_the_store_dies_training_goes_on_until_the_next_membership_change()
     assert "the store is unreachable" in err  # said once, when the leader first missed it
     assert elapsed < 15
     assert job.leftovers() == []
+
+
+@pytest.mark.timeout(120)
+def test_a_silent_member_is_left_out_by_the_majority_and_adopts_the_state_when_back():
+    # one of four stops answering (SIGSTOP): the three time out, wait the join timeout,
+    # go on as a majority; resumed, it rejoins and takes their state, whatever it held
+    job = Job(4, elastic="2:4", env={"EL_STEPS": "1000000", "EL_TIMEOUT": "2", "EL_JOIN": "1.5"})
+    try:
+        assert job.wait(lambda j: j.stepping(4), 90), job.stderr
+        silent = job.members[3]
+        os.kill(silent.pid, signal.SIGSTOP)
+        t0 = time.time()
+        others = [m for m in job.members.values() if m.id != 3]
+
+        def went_on(j: Job) -> bool:
+            return all(any(s["ok"] and s["size"] == 3 and s["t"] > t0 for s in m.steps)
+                       for m in others)  # fmt: skip
+
+        assert job.wait(went_on, 30), "".join(job.stderr)
+        os.kill(silent.pid, signal.SIGCONT)
+        assert job.wait(lambda j: j.stepping(4), 60), "".join(job.stderr)
+        stop = job.max_step() + 30
+        job.stop_at(stop)
+        rc = job.finish(60)
+    finally:
+        for m in job.members.values():
+            try:
+                os.kill(m.pid, signal.SIGCONT)
+            except OSError:
+                pass
+        job.finish(5)
+    assert rc == 0, "".join(job.stderr)[-3000:]
+    assert len({m.done["digest"] for m in job.members.values() if m.done}) == 1
+    assert all(m.done and m.done["step"] == stop for m in job.members.values())
+    back = job.members[3].rounds[-1]
+    assert back["received_state"], back
+    assert job.leftovers() == []
