@@ -45,7 +45,8 @@ test: setup
 	$(PY) -m pytest -q
 
 # Fault injection (not part of `test`; several minutes): 50 kill -9 runs, every kind of
-# mismatched call, 12,000 fuzz inputs beside a live job, a 100,000-call soak, SIGINT runs.
+# mismatched call, 12,000 fuzz inputs beside a live job, a 100,000-call soak, SIGINT runs,
+# 20 launcher runs with a rank killed, 20 kill -9 in a row in one elastic job.
 faults: setup
 	$(PY) tools/faults.py
 
