@@ -10,6 +10,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -245,6 +246,7 @@ class Job:
                 if any(f"-{p}-" in n for p in ours)]  # fmt: skip
         if left:
             problems.append(f"shared memory left behind: {left}")
+        shutil.rmtree(self.tmp, ignore_errors=True)  # flight dumps, stop file: nothing writes now
         return problems
 
     def judge(self, rc: int | None, kills: list[Kill], steps: int) -> Outcome:
