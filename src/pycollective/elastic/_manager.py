@@ -49,6 +49,7 @@ log = logging.getLogger("pycollective.elastic")
 
 _POLL = 0.01  # seconds between looks at a round's registrations
 _SLICE = 0.05  # a watched store wait checks the members' leases this often
+_JOIN_POLL = 0.05  # the leader looks for newcomers in the store at most this often
 
 
 class ElasticError(CollectiveError):
@@ -209,6 +210,7 @@ class Manager:
         self._carried = False  # this step's gradients carried the joiner flag
         self._in_step = False
         self._store_warned = False
+        self._looked = 0.0  # when the leader last looked for newcomers
         self._closed = False
         self._sampler: Any = None
         self._flat: dict[Any, Any] = {}
@@ -451,8 +453,14 @@ class Manager:
         return self._store.check([self._lease_key(uid)])
 
     def _leader_sees_joiner(self) -> bool:
+        """Whether a newcomer registered for the next round (the leader asks the store at
+        most every _JOIN_POLL seconds: a fast step does not pay a round trip each time)."""
         if self._round is None:
             return False
+        now = time.monotonic()
+        if now - self._looked < _JOIN_POLL:
+            return False
+        self._looked = now
         try:
             return self._store.check([self._key("round", self._round + 1, "n")])
         except StoreError as exc:
