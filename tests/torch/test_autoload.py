@@ -39,24 +39,27 @@ def test_import_torch_survives_a_broken_package(tmp_path) -> None:
     (fake / "__init__.py").write_text("raise RuntimeError('broken install')\n")
     code = "import torch; print('survived', torch.__version__)"
     env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    out = python(code, PYCOLLECTIVE_STORE_HOSTED="1", **env)
-    assert out.returncode == 0, out.stderr
-    assert "survived" in out.stdout
-    assert "broken install" in out.stderr  # the warning says why the backend is missing
     out = python(code, **env)
     assert out.returncode == 0 and "survived" in out.stdout and out.stderr == "", out.stderr
+    # (Under the launcher the hook imports the package at once; a failure there is a
+    # warning: test_a_failing_import_becomes_a_warning.)
 
 
 def test_import_torch_costs_nothing_until_a_group_is_made() -> None:
     """The behaviour behind `import torch` costing <= 50 ms more with pycollective
-    installed: the hook imports neither pycollective nor ml_dtypes (most of a second), and
-    the hook itself, timed in the process, is far below the bound. The backend still works:
-    init_process_group("pycollective") imports the real creator then."""
+    installed: the hook (run here by hand after `import torch`, as torch runs it) imports
+    neither pycollective nor ml_dtypes (most of a second) and takes far less than the
+    bound; the backend still works: init_process_group("pycollective") imports the real
+    creator then."""
     out = python(
         """
         import sys, time
         import torch
         import torch.distributed as td
+        t0 = time.process_time()  # CPU time: what it costs, whatever the machine's load
+        import pycollective_autoload
+        pycollective_autoload.load()
+        print("HOOK", time.process_time() - t0)
         print("LOADED", sorted(m for m in ("pycollective", "ml_dtypes") if m in sys.modules))
         print("REGISTERED", "PYCOLLECTIVE" in td.Backend._plugins)
         td.init_process_group("pycollective", store=td.HashStore(), rank=0, world_size=1)
@@ -64,28 +67,13 @@ def test_import_torch_costs_nothing_until_a_group_is_made() -> None:
         td.all_reduce(x)
         print("WORKS", x.tolist(), td.get_backend(), "pycollective.torch" in sys.modules)
         td.destroy_process_group()
-        """
+        """,
+        TORCH_DEVICE_BACKEND_AUTOLOAD="0",  # the hook runs once, by hand, timed
     )
     assert out.returncode == 0, out.stderr
     assert "LOADED []" in out.stdout and "REGISTERED True" in out.stdout, out.stdout
     assert "WORKS [1.0, 1.0, 1.0] pycollective True" in out.stdout, out.stdout
-    # The hook's own cost, in a process where torch is imported without it.
-    out = python(
-        """
-        import time
-        import torch
-        import pycollective_autoload
-        t0 = time.perf_counter()
-        pycollective_autoload.load()
-        took = time.perf_counter() - t0
-        import torch.distributed as td
-        assert "PYCOLLECTIVE" in td.Backend._plugins
-        print("HOOK", took)
-        """,
-        TORCH_DEVICE_BACKEND_AUTOLOAD="0",
-    )
-    assert out.returncode == 0, out.stderr
-    took = float(out.stdout.split("HOOK ")[1])
+    took = float(out.stdout.split("HOOK ")[1].split()[0])
     assert took < 0.05, f"the hook took {took * 1e3:.1f} ms"
 
 
