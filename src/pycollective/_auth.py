@@ -20,6 +20,7 @@ import os
 import socket
 import time
 
+from . import _config
 from ._errors import AuthenticationError
 
 MAGIC = b"PYCOLL\x01\x00"
@@ -104,10 +105,10 @@ def connect_handshake(
 
 def secret_from_env() -> bytes:
     """The job's secret: PYCOLLECTIVE_SECRET, or the contents of PYCOLLECTIVE_SECRET_FILE."""
-    value = os.environ.get("PYCOLLECTIVE_SECRET")
+    value = _config.get("PYCOLLECTIVE_SECRET")
     if value:
         return value.encode()
-    path = os.environ.get("PYCOLLECTIVE_SECRET_FILE")
+    path = _config.get("PYCOLLECTIVE_SECRET_FILE")
     if path:
         with open(path, "rb") as f:
             return f.read().strip()

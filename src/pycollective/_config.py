@@ -1,16 +1,418 @@
-"""Configuration read from the environment (PYCOLLECTIVE_* variables) and small process-wide
-notes (which one-time warnings were given)."""
+"""Every PYCOLLECTIVE_* environment variable, declared once: name, type, default, what it
+accepts and what it means. Modules read them through `get(name)`, which parses and checks
+the value (a bad one raises UsageError naming the variable and what it accepts);
+init_process_group checks them all at once (`check_environment`) and warns, once, about
+PYCOLLECTIVE_* names it does not know, with the closest known one. docs/configuration.md is
+generated from this table (`markdown()`; a test keeps it current).
+
+A leaf: it imports nothing of the package but the errors, so every layer can read it.
+"""
 
 from __future__ import annotations
 
 import datetime
+import difflib
 import os
 import threading
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ._errors import UsageError
 
+PREFIX = "PYCOLLECTIVE_"
 DEFAULT_TIMEOUT = 300.0  # seconds; torch's 30 minutes is too long to wait on a hang
+TIMEOUT_HINT = "after {seconds:g} s; set timeout= or PYCOLLECTIVE_TIMEOUT to change it"
+# The collectives PYCOLLECTIVE_<COLLECTIVE>_ALGORITHM exists for.
+COLLECTIVES = (
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "reduce_scatter",
+    "gather",
+    "scatter",
+    "all_to_all",
+    "barrier",
+)
+
+# ---------------------------------------------------------------------- value types
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How a value is parsed: `parse(text)` returns it or raises ValueError; `accepts` says
+    in words what is accepted (for the error and the documentation)."""
+
+    parse: Callable[[str], Any]
+    accepts: str
+
+
+def _number(
+    cast: Callable[[str], Any], low: float | None, what: str, strict_low: bool = False
+) -> Kind:
+    def parse(text: str) -> Any:
+        value = cast(text.strip())
+        if low is not None and (value < low or (strict_low and value == low)):
+            raise ValueError(text)
+        return value
+
+    return Kind(parse, what)
+
+
+def _choice(*names: str, aliases: Mapping[str, str] | None = None) -> Kind:
+    table = {n: n for n in names} | dict(aliases or {})
+
+    def parse(text: str) -> str:
+        key = text.strip().lower()
+        if key not in table:
+            raise ValueError(text)
+        return table[key]
+
+    return Kind(parse, " | ".join(names))
+
+
+def _text(what: str) -> Kind:
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise ValueError(text)
+        return text.strip()
+
+    return Kind(parse, what)
+
+
+def _cost(text: str) -> tuple[float, ...]:
+    values = tuple(float(x) for x in text.split(","))
+    if len(values) not in (3, 4, 7) or any(v < 0 for v in values):
+        raise ValueError(text)
+    return values
+
+
+SECONDS = _number(float, 0.0, "a number of seconds > 0", strict_low=True)
+COUNT = _number(int, 0, "a whole number >= 0")
+POSITIVE = _number(int, 1, "a whole number >= 1")
+BYTES = _number(int, 1, "a number of bytes >= 1")
+MICROSECONDS = _number(float, 0.0, "a number of microseconds >= 0")
+SWITCH = _choice(
+    "1", "0", aliases={"on": "1", "yes": "1", "true": "1", "off": "0", "no": "0", "false": "0"}
+)
+TRANSPORTS = _choice("auto", "tcp", "shm")
+SERIALIZERS = _choice("pickle", "safe")
+CALIBRATE = _choice(
+    "1",
+    "0",
+    "missing",
+    aliases={
+        "on": "1",
+        "yes": "1",
+        "true": "1",
+        "always": "1",
+        "off": "0",
+        "no": "0",
+        "false": "0",
+    },
+)
+COST = Kind(
+    _cost,
+    "alpha,beta,gamma[,overhead[,msg_cpu,byte_cpu,call_cpu]] (seconds, seconds per byte; >= 0)",
+)
+PATH = _text("a path")
+NAME = _text("a non-empty string")
+ALGORITHM = _text("auto or an algorithm name of that collective (pycollective.algorithms)")
+
+
+# ---------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+    kind: Kind
+    default: Any
+    meaning: str
+    who: str = "user"  # "user"; "launcher" (set by pycollective run for its ranks); "tests"
+
+
+def _vars() -> tuple[Var, ...]:
+    user = [
+        Var(
+            "PYCOLLECTIVE_TIMEOUT",
+            SECONDS,
+            DEFAULT_TIMEOUT,
+            "Per-collective timeout when init_process_group/new_group get no timeout=.",
+        ),
+        Var(
+            "PYCOLLECTIVE_TRANSPORT",
+            TRANSPORTS,
+            "auto",
+            "auto: shared memory for groups on one host, TCP otherwise; tcp: never shared "
+            "memory; shm: require it (a group that cannot use it raises).",
+        ),
+        Var(
+            "PYCOLLECTIVE_SECRET",
+            NAME,
+            None,
+            "The job's shared secret for the HMAC handshake (pycollective run makes one).",
+        ),
+        Var(
+            "PYCOLLECTIVE_SECRET_FILE",
+            PATH,
+            None,
+            "A file holding the shared secret (instead of PYCOLLECTIVE_SECRET).",
+        ),
+        Var(
+            "PYCOLLECTIVE_SOCKET_IFNAME",
+            NAME,
+            None,
+            "The network interface whose address a rank advertises (multi-host jobs).",
+        ),
+        Var(
+            "PYCOLLECTIVE_HOST_ID",
+            NAME,
+            None,
+            "Replaces this host's identity (which ranks may share memory), e.g. to simulate "
+            "several hosts on one machine.",
+        ),
+        Var(
+            "PYCOLLECTIVE_CORES",
+            POSITIVE,
+            None,
+            "The cores this job's ranks share on a host (default: the affinity, or the "
+            "host's cores for a rank pinned to one).",
+        ),
+        Var(
+            "PYCOLLECTIVE_TIMELINE",
+            PATH,
+            None,
+            "Record every call in a Chrome trace: one file per rank (trace.rank0.json ...), "
+            "merged by pycollective run.",
+        ),
+        Var("PYCOLLECTIVE_TIMELINE_LIMIT", COUNT, 1_000_000, "Timeline events kept per process."),
+        Var(
+            "PYCOLLECTIVE_FLIGHT_RECORDER",
+            COUNT,
+            256,
+            "Operations the flight recorder keeps per process (0 turns it off).",
+        ),
+        Var(
+            "PYCOLLECTIVE_FLIGHT_DIR",
+            PATH,
+            None,
+            "Where flight-recorder dumps go (default: $TMPDIR/pycollective-flight-<uid>; "
+            "pycollective run makes one per job).",
+        ),
+        Var(
+            "PYCOLLECTIVE_CALIBRATE",
+            CALIBRATE,
+            "0",
+            "1: measure the cost parameters at init_process_group; missing: only while "
+            "this host's cache has none (rank 0's setting decides).",
+        ),
+        Var(
+            "PYCOLLECTIVE_COST_CACHE",
+            PATH,
+            None,
+            "Directory of the calibration cache (default $XDG_CACHE_HOME/pycollective), or off.",
+        ),
+        Var(
+            "PYCOLLECTIVE_COST_TCP",
+            COST,
+            None,
+            "The TCP cost parameters auto prices with, instead of the cache or defaults.",
+        ),
+        Var(
+            "PYCOLLECTIVE_OBJECT_SERIALIZER",
+            SERIALIZERS,
+            "pickle",
+            "How object collectives encode: pickle (as torch), or safe (no pickle; refuses "
+            "pickled payloads).",
+        ),
+        Var(
+            "PYCOLLECTIVE_SHM_SLOT_BYTES",
+            BYTES,
+            None,
+            "Bytes per rank and buffer of a shared-memory arena (rounded to 4 KiB; default "
+            "1 MiB, 4 MiB with more ranks than cores).",
+        ),
+        Var(
+            "PYCOLLECTIVE_SHM_CHUNK_BYTES",
+            BYTES,
+            4 << 20,
+            "Largest chunk per rank of a pipelined arena reduction.",
+        ),
+        Var(
+            "PYCOLLECTIVE_SHM_SPIN_US",
+            MICROSECONDS,
+            None,
+            "How long an arena wait polls with sched_yield before sleeping (default 1000 us, "
+            "300 us with more ranks than cores).",
+        ),
+        Var(
+            "PYCOLLECTIVE_SHM_FUTEX",
+            SWITCH,
+            "1",
+            "0: arena waits sleep in short naps instead of on a futex.",
+        ),
+        Var(
+            "PYCOLLECTIVE_NATIVE",
+            SWITCH,
+            "1",
+            "0: the shared-memory arena runs in Python (the reference) instead of the "
+            "compiled pycollective._native.",
+        ),
+        Var(
+            "PYCOLLECTIVE_NUM_SERVERS",
+            COUNT,
+            None,
+            "Parameter servers among the ranks (pycollective.ps; pycollective run --servers "
+            "sets it).",
+        ),
+    ]
+    algos = [
+        Var(
+            f"PYCOLLECTIVE_{c.upper()}_ALGORITHM",
+            ALGORITHM,
+            "auto",
+            f"The algorithm {c} runs when the call gives no algorithm=.",
+        )
+        for c in COLLECTIVES
+    ]
+    launcher = [
+        Var(
+            "PYCOLLECTIVE_STORE_HOSTED",
+            SWITCH,
+            None,
+            "1: the launcher hosts the rendezvous store at MASTER_ADDR:MASTER_PORT.",
+            "launcher",
+        ),
+        Var("PYCOLLECTIVE_NNODES", POSITIVE, None, "Nodes of the job.", "launcher"),
+        Var(
+            "PYCOLLECTIVE_JOB_ID",
+            NAME,
+            None,
+            "Tells this job's flight dumps and timeline files from another's.",
+            "launcher",
+        ),
+        Var(
+            "PYCOLLECTIVE_ROLE",
+            _choice("worker", "server"),
+            None,
+            "This rank's role in a parameter-server job.",
+            "launcher",
+        ),
+    ]
+    tests = [
+        Var(
+            "PYCOLLECTIVE_FUZZ_EXAMPLES",
+            POSITIVE,
+            None,
+            "Inputs per fuzz test (tests, make faults).",
+            "tests",
+        ),
+        Var(
+            "PYCOLLECTIVE_FUZZ_REPORT",
+            PATH,
+            None,
+            "Where the fuzz tests report (make faults).",
+            "tests",
+        ),
+        Var("PYCOLLECTIVE_TEST_JOB", NAME, None, "Tags the test suite's jobs.", "tests"),
+    ]
+    return tuple(user + algos + launcher + tests)
+
+
+VARS: dict[str, Var] = {v.name: v for v in _vars()}
+
+
+# ---------------------------------------------------------------------- reading
+
+
+def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """The value of a declared variable (its default when unset or empty), parsed and
+    checked: a bad value raises UsageError naming the variable and what it accepts."""
+    var = VARS[name]  # KeyError: a variable nobody declared (a bug, not a user error)
+    text = (os.environ if environ is None else environ).get(name)
+    if text is None or not text.strip():
+        return var.default
+    try:
+        return var.kind.parse(text)
+    except (ValueError, TypeError):
+        raise UsageError(
+            f"{name}={text!r} is not valid: it takes {var.kind.accepts}"
+            + (f" (default {var.default!r})" if var.default is not None else "")
+        ) from None
+
+
+def is_set(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    text = (os.environ if environ is None else environ).get(name)
+    return text is not None and bool(text.strip())
+
+
+def algorithm_choice(collective: str, algorithm: str | None) -> str:
+    """The algorithm a call asked for: its `algorithm=`, else PYCOLLECTIVE_<C>_ALGORITHM,
+    else "auto"."""
+    if algorithm:
+        return algorithm
+    name = f"PYCOLLECTIVE_{collective.upper()}_ALGORITHM"
+    return get(name) if name in VARS else "auto"
+
+
+def timeout_hint(seconds: float) -> str:
+    """What a timeout message says about how long it waited and how to change it."""
+    return TIMEOUT_HINT.format(seconds=seconds)
+
+
+def with_timeout_hint(exc: BaseException, seconds: float) -> None:
+    """Append timeout_hint to an exception's message, once."""
+    hint = timeout_hint(seconds)
+    if hint not in str(exc):
+        exc.args = (f"{exc} ({hint})",)
+
+
+def timeout_seconds(timeout: Any) -> float:
+    """A timeout given as seconds or a timedelta, or PYCOLLECTIVE_TIMEOUT's, or 300 s."""
+    if timeout is None:
+        return float(get("PYCOLLECTIVE_TIMEOUT"))
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+        raise UsageError(
+            f"timeout must be a positive number of seconds or a timedelta, got {timeout!r}"
+        )
+    return float(timeout)
+
+
+def check_environment(
+    environ: Mapping[str, str] | None = None,
+    algorithms: Mapping[str, Iterable[str]] | None = None,
+) -> None:
+    """Check every declared variable that is set (the first bad one raises UsageError),
+    algorithm names against `algorithms` (collective -> names it accepts, "auto"
+    included), and warn once about unknown PYCOLLECTIVE_* names."""
+    env = os.environ if environ is None else environ
+    for name in VARS:
+        value = get(name, env)
+        if algorithms is not None and name.endswith("_ALGORITHM") and is_set(name, env):
+            collective = name[len(PREFIX) : -len("_ALGORITHM")].lower()
+            allowed = list(algorithms.get(collective, ()))
+            if allowed and value not in allowed:
+                raise UsageError(
+                    f"{name}={value!r} is not an algorithm of {collective}: it takes one of "
+                    f"{allowed}"
+                )
+    for name in env:
+        if name.startswith(PREFIX) and name not in VARS and first_time(f"unknown:{name}"):
+            close = difflib.get_close_matches(name, VARS, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            warnings.warn(
+                f"{name} is not a pycollective setting and is ignored{hint} "
+                "(the settings: docs/configuration.md)",
+                stacklevel=3,
+            )
+
+
+# ---------------------------------------------------------------------- one-time notes
 
 # Keys of the one-time warnings this process has given (a documented registry).
 _SAID: set[str] = set()
@@ -26,14 +428,42 @@ def first_time(key: str) -> bool:
         return True
 
 
-def timeout_seconds(timeout: Any) -> float:
-    if timeout is None:
-        env = os.environ.get("PYCOLLECTIVE_TIMEOUT")
-        return float(env) if env else DEFAULT_TIMEOUT
-    if isinstance(timeout, datetime.timedelta):
-        timeout = timeout.total_seconds()
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise UsageError(
-            f"timeout must be a positive number of seconds or a timedelta, got {timeout!r}"
-        )
-    return float(timeout)
+# ---------------------------------------------------------------------- documentation
+
+
+def markdown() -> str:
+    """docs/configuration.md, generated from the table."""
+    out = [
+        "# Configuration",
+        "",
+        "Every `PYCOLLECTIVE_*` environment variable pycollective reads. They are checked",
+        "when the process group starts: a bad value raises `UsageError` naming the variable",
+        "and what it accepts, and an unknown `PYCOLLECTIVE_*` name is warned about once,",
+        "with the closest known one.",
+        "",
+        "Generated from the table in `src/pycollective/_config.py`; a test checks that this",
+        "page is current. To regenerate it:",
+        "",
+        "    python -c 'from pycollective import _config; print(_config.markdown(), end=\"\")' \\",
+        "        > docs/configuration.md",
+    ]
+    titles = {
+        "user": "Settings",
+        "launcher": "Set by `pycollective run` for its ranks",
+        "tests": "Read by the test suite and tools only",
+    }
+    for who, title in titles.items():
+        out += [
+            "",
+            f"## {title}",
+            "",
+            "| variable | accepts | default | meaning |",
+            "|---|---|---|---|",
+        ]
+        for v in VARS.values():
+            if v.who != who:
+                continue
+            default = "" if v.default is None else f"`{v.default}`"
+            accepts = v.kind.accepts.replace("|", "\\|")
+            out.append(f"| `{v.name}` | {accepts} | {default} | {v.meaning} |")
+    return "\n".join(out) + "\n"

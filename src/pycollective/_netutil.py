@@ -6,12 +6,12 @@ import errno
 import fcntl
 import ipaddress
 import logging
-import os
 import random
 import socket
 import struct
 import time
 
+from . import _config
 from ._errors import UsageError
 
 _SIOCGIFADDR = 0x8915
@@ -56,7 +56,7 @@ def address_towards(host: str) -> str:
 
 def listen_address(master_addr: str, multi_node: bool) -> tuple[str, str]:
     """(bind address, advertised address) for this rank's transport listener."""
-    ifname = os.environ.get("PYCOLLECTIVE_SOCKET_IFNAME")
+    ifname = _config.get("PYCOLLECTIVE_SOCKET_IFNAME")
     if ifname:
         addr = interface_address(ifname)
         return addr, addr

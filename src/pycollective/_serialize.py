@@ -27,13 +27,13 @@ so a malformed payload is an error, never a huge allocation or a crash.
 
 from __future__ import annotations
 
-import os
 import pickle
 import struct
 from typing import Any
 
 import numpy as np
 
+from . import _config
 from ._errors import CollectiveError, MismatchError, UsageError
 
 MAGIC = b"PCS1"
@@ -58,10 +58,7 @@ def use(name: str | None) -> None:
 
 
 def chosen() -> str:
-    name = _chosen or os.environ.get("PYCOLLECTIVE_OBJECT_SERIALIZER", "").strip() or "pickle"
-    if name not in NAMES:
-        raise UsageError(f"PYCOLLECTIVE_OBJECT_SERIALIZER must be one of {NAMES}, got {name!r}")
-    return name
+    return _chosen or _config.get("PYCOLLECTIVE_OBJECT_SERIALIZER")
 
 
 # ---------------------------------------------------------------------- encoding

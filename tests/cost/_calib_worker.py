@@ -8,10 +8,9 @@ import json
 import numpy as np
 
 import pycollective as dist
-from pycollective.tuning import params as _tuning
 
 dist.init_process_group()
-params = _tuning.group_params("tcp", dist.get_world_size())
+params = dist.group.WORLD.world.tuning.group_params("tcp", dist.get_world_size())
 buf = np.ones(256, np.float32)
 dist.all_reduce(buf)
 assert np.all(buf == dist.get_world_size())

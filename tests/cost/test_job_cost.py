@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from pycollective._errors import UsageError
 from pycollective.cli import bench
 from pycollective.cli.calibrate import default_sizes
 from pycollective.schedule import ALGORITHMS
@@ -56,10 +57,11 @@ def test_every_rank_takes_rank_zeros_parameters(monkeypatch) -> None:
     _tuning.reload()
     other = _tuning.agree(3, 8, store, "job/cost", 1.0)
     assert other == zero
-    assert _tuning.cost_params("tcp").alpha == 1e-4
-    assert _tuning.group_params("tcp", 8).ranks_per_core == 4.0  # 8 ranks, 2 cores
-    assert _tuning.group_params("tcp", 2).ranks_per_core == 1.0
-    assert _tuning.group_params("tcp", 3).ranks_per_core == 1.5
+    tuning = _tuning.Tuning(other)  # what that rank's World prices with
+    assert tuning.params("tcp").alpha == 1e-4
+    assert tuning.group_params("tcp", 8).ranks_per_core == 4.0  # 8 ranks, 2 cores
+    assert tuning.group_params("tcp", 2).ranks_per_core == 1.0
+    assert tuning.group_params("tcp", 3).ranks_per_core == 1.5
 
 
 def test_job_cost_json_round_trip() -> None:
@@ -72,7 +74,7 @@ def test_cores_override(monkeypatch) -> None:
     monkeypatch.setenv("PYCOLLECTIVE_CORES", "3")
     assert _tuning.cores() == 3
     monkeypatch.setenv("PYCOLLECTIVE_CORES", "zero")
-    with pytest.raises(ValueError, match="PYCOLLECTIVE_CORES"):
+    with pytest.raises(UsageError, match="PYCOLLECTIVE_CORES"):
         _tuning.cores()
 
 
@@ -87,8 +89,8 @@ def test_calibrate_at_init_modes(monkeypatch, tmp_path) -> None:
     _costcache.save("tcp", TRUE)
     assert not _tuning.local_job_cost(2).calibrate
     monkeypatch.setenv("PYCOLLECTIVE_CALIBRATE", "sometimes")
-    with pytest.warns(UserWarning, match="PYCOLLECTIVE_CALIBRATE"):
-        assert not _tuning.local_job_cost(2).calibrate
+    with pytest.raises(UsageError, match="PYCOLLECTIVE_CALIBRATE='sometimes'.*1 \\| 0 \\| missing"):
+        _tuning.local_job_cost(2)
 
 
 def _samples(params: CostParams, p: int, k: float, counts) -> list[_costfit.Sample]:

@@ -23,6 +23,7 @@ import battery  # noqa: E402  (data and numpy references shared with the API bat
 import pycollective as dist  # noqa: E402
 from pycollective import ReduceOp  # noqa: E402
 from pycollective._dtypes import from_numpy  # noqa: E402
+from pycollective.runners import HierarchicalRunner
 from pycollective.transport._base import Transport  # noqa: E402
 
 RANK = int(os.environ["RANK"])
@@ -94,7 +95,7 @@ def correctness() -> None:
         dist.all_reduce(y, group=sub, algorithm="hierarchical")
         battery.check("subgroup", y, np.full(5, sum(range(0, P, 2)), np.int32))
     g = dist.group.WORLD
-    hier = g.hierarchy
+    hier = g.runner(HierarchicalRunner).hierarchy
     report(
         step="correctness",
         checks=battery.checks,
@@ -123,14 +124,14 @@ def traffic() -> None:
         ok = ok and bool((x == P).all())
         out[algo or "auto"] = {str(k): v for k, v in counter.sent.items()}
         dist.barrier()
-    hosts = [list(h) for h in dist.group.WORLD.hierarchy.layout.hosts]
+    hosts = [list(h) for h in dist.group.WORLD.runner(HierarchicalRunner).hierarchy.layout.hosts]
     report(
         step="traffic",
         sent=out,
         hosts=hosts,
         nbytes=4 * n,
         ok=ok,
-        arena=dist.group.WORLD.hierarchy.arena is not None,
+        arena=dist.group.WORLD.runner(HierarchicalRunner).hierarchy.arena is not None,
     )
 
 
@@ -149,7 +150,7 @@ def _attempt(step: str, fn) -> None:
 def mismatch(kind: str) -> None:
     x = np.ones(64, np.float32)
     dist.all_reduce(x)  # set-up done, one good call
-    host = dist.group.WORLD.hierarchy.layout.host_of(dist.get_rank())
+    host = dist.group.WORLD.runner(HierarchicalRunner).hierarchy.layout.host_of(dist.get_rank())
     if kind == "count_in_host" and RANK == 0:
         x = np.ones(65, np.float32)
     elif kind == "count_across_hosts" and host == 0:

@@ -26,6 +26,7 @@ import battery  # noqa: E402
 import pycollective as dist  # noqa: E402
 from pycollective._dtypes import BY_NAME  # noqa: E402
 from pycollective.core import world as _traffic  # noqa: E402
+from pycollective.runners import ArenaRunner
 from pycollective.shm import _hostid  # noqa: E402
 
 N = 1 << 20  # float32 elements: 4 MiB
@@ -62,8 +63,8 @@ def topology() -> dict:
         "size": size,
         "host_ids": ids,
         "local_ranks": list(mine.ranks),
-        "local_shm": mine.shm is not None,
-        "world_shm": world.shm is not None,
+        "local_shm": mine.runner(ArenaRunner) is not None,
+        "world_shm": world.runner(ArenaRunner) is not None,
         "local_tcp_bytes": local_bytes,
         "world_tcp_bytes": world_bytes,
         "local_sum": local_sum,

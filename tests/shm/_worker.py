@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 import pycollective as dist
+from pycollective.runners import ArenaRunner
 
 RANK = int(os.environ["RANK"])
 P = int(os.environ["WORLD_SIZE"])
@@ -56,8 +57,8 @@ def info() -> None:
         step="info",
         error=None,
         elapsed=0.0,
-        shm=g.shm is not None,
-        sub_shm=sub.shm is not None if RANK % 2 == 0 else None,
+        shm=g.runner(ArenaRunner) is not None,
+        sub_shm=sub.runner(ArenaRunner) is not None if RANK % 2 == 0 else None,
         algorithms=dist.algorithms("all_reduce"),
         ok=bool((x == P * (P + 1) / 2).all() and (RANK % 2 or (y == len(sub.ranks)).all())),
     )
@@ -173,7 +174,11 @@ def shared_buffers() -> None:
         fill(fresh, i)
         dist.all_reduce(fresh)
         ok.append(np.array_equal(fresh, want(n, i, np.float32)))
-    maps = len(dist.group.WORLD.shm.peer_maps) if dist.group.WORLD.shm is not None else 0
+    maps = (
+        len(dist.group.WORLD.runner(ArenaRunner).group.peer_maps)
+        if dist.group.WORLD.runner(ArenaRunner) is not None
+        else 0
+    )
     report(
         step="shared",
         error=None,

@@ -15,8 +15,6 @@ import numpy as np
 
 from .._errors import UsageError
 from .._reduce_ops import ReduceOp
-from ..core import group as _group
-from ..runners import hierarchical as _hierarchy
 from ..schedule import ALGORITHMS
 from ..tuning import cache as _costcache
 from ..tuning import fit as _costfit
@@ -93,7 +91,7 @@ def calibrate(
     """Measure the cost parameters with the ranks of `group` (every member calls this).
 
     Returns {"params": {...}, "measured": [...], "world_size", "ranks_per_core", "cache"}.
-    With the default group, every rank then prices `auto` with the new parameters; with
+    With a group of every rank, all then price `auto` with the new parameters; with
     `save`, rank 0 writes them to this host's cache (_costcache.py; never fails the job),
     unless the machine was busy (load average above the cores; `load` if given, else
     now) and not `force`.
@@ -106,7 +104,7 @@ def calibrate(
     root = g.ranks[0]
     if load is None:
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    base = _tuning.group_params(transport, p)
+    base = g.world.tuning.group_params(transport, p)
     k = base.ranks_per_core
     over = base.oversubscribed
     # gamma only with a core per rank: sharing cores, np.add would be timed with waits
@@ -119,10 +117,12 @@ def calibrate(
     dist.broadcast(vec, src=root, group=group)
     fitted = replace(fitted, **{n: float(v) for n, v in zip(names, vec, strict=True)})
     host = replace(fitted, ranks_per_core=1.0)
-    if g is resolve_group(None):
-        job = _tuning._job or _tuning.local_job_cost(p)
-        _tuning.adopt(replace(job, params={**job.params, transport: host}))
-        _forget_choices()
+    if p == g.world.size:
+        # A group of every rank: all of them price with the new numbers from now on (a
+        # subgroup's must not: the other ranks would then choose differently).
+        tuning = g.world.tuning
+        job = tuning.job or _tuning.local_job_cost(p)
+        tuning.adopt(replace(job, params={**job.params, transport: host}))
     path, note = None, ""
     busy = load > _tuning.cores() and not force
     if save and rank == 0 and busy:
@@ -154,14 +154,3 @@ def calibrate(
             for s in samples
         ],
     }
-
-
-def _forget_choices() -> None:
-    """Drop choices made with the old parameters (the selectors' caches)."""
-    for mod, name in ((_group, "_select"), (_group, "_auto_choice")):
-        fn = getattr(mod, name, None)
-        if hasattr(fn, "cache_clear"):
-            fn.cache_clear()
-    fn = getattr(_hierarchy, "flat_algorithm", None)
-    if hasattr(fn, "cache_clear"):
-        fn.cache_clear()

@@ -15,8 +15,6 @@ from .._auth import secret_from_env
 from .._errors import StoreError, UsageError
 from ..core import rendezvous
 from ..core.group import ProcessGroup, group_id_for
-from ..runners.arena import ALGORITHM, COLLECTIVES
-from ..tuning import params as _tuning
 from ._default import DEFAULT, resolve_group
 from .calibrate import calibrate
 from .collectives import barrier
@@ -93,6 +91,7 @@ def init_process_group(
                 "init_process_group was already called; call destroy_process_group first"
             )
         _check_backend(backend)
+        rendezvous.check_environment()  # every PYCOLLECTIVE_* setting, before anything is sent
         seconds = _config.timeout_seconds(timeout)
         env = _launch_env.detect()
         if rank is None or rank < 0:
@@ -158,7 +157,7 @@ def init_process_group(
                 "init_process_group: rank %d joined %d ranks in %.3f s",
                 rank, world_size, time.monotonic() - started,
             )  # fmt: skip
-            if _tuning.job_wants_calibration():  # rank 0's PYCOLLECTIVE_CALIBRATE
+            if world.tuning.wants_calibration:  # rank 0's PYCOLLECTIVE_CALIBRATE
                 calibrate()
         except BaseException:
             destroy_process_group()
@@ -321,21 +320,15 @@ def new_group(
 def algorithms(collective: str, group: ProcessGroup | None = None) -> list[str]:
     """The algorithm names `collective` accepts as `algorithm=`, "auto" first. "shm" is
     listed when `group` (default: the default group, once initialized) runs over shared
-    memory, i.e. every member is on this host (see shm/); "hierarchical" (all_reduce) when
-    its members are on several hosts (it is accepted as `algorithm=` on any group)."""
-    try:
-        names = ["auto", *schedule.ALGORITHMS[collective]]
-    except KeyError:
-        raise UsageError(
-            f"unknown collective {collective!r}; one of {sorted(schedule.ALGORITHMS)}"
-        ) from None
+    memory, i.e. every member is on this host; "hierarchical" (all_reduce) when its members
+    are on several hosts (it is accepted as `algorithm=` on any group). Both are known from
+    the group's first collective on (runners/)."""
+    if collective not in schedule.ALGORITHMS:
+        raise UsageError(f"unknown collective {collective!r}; one of {sorted(schedule.ALGORITHMS)}")
     g = group if group is not None else DEFAULT.group
-    if g is not None and g.shm is not None and collective in COLLECTIVES:
-        names.append(ALGORITHM)
-    hier = getattr(g, "hierarchy", None)
-    if collective == "all_reduce" and hier is not None and len(hier.layout.hosts) > 1:
-        names.append("hierarchical")  # the group spans hosts (see runners/hierarchical.py)
-    return names
+    if g is None:
+        return ["auto", *schedule.ALGORITHMS[collective]]
+    return g.algorithms(collective)
 
 
 class Backend:

@@ -39,6 +39,7 @@ import pycollective as dist
 
 from .._dtypes import BY_NAME, from_numpy
 from ..api._default import resolve_group
+from ..runners import ArenaRunner
 
 # nccl-tests' bus bandwidth factors: busbw = algbw * factor reads against the link speed.
 BUS_FACTOR: dict[str, Callable[[int], float]] = {
@@ -250,7 +251,7 @@ class _Ours:
                     del os.environ["PYCOLLECTIVE_TRANSPORT"]
                 else:
                     os.environ["PYCOLLECTIVE_TRANSPORT"] = saved
-        elif self.size > 1 and dist.group.WORLD.shm is None:
+        elif self.size > 1 and dist.group.WORLD.runner(ArenaRunner) is None:
             raise SystemExit("bench: shared memory is not available to these ranks")
 
     def algorithms(self, collective: str, wanted: list[str]) -> list[str]:

@@ -1,86 +1,33 @@
-"""Process groups: who takes part, in which order, and how a collective is run for them.
+"""Process groups: who takes part, in which order, and how one collective is run for them.
 
-A World is what init_process_group builds once per process: the transport to every other
-rank, the store, the engine that orders operations, and scratch memory. A ProcessGroup is a
-subset of the world's ranks (the world itself included) with its own id and sequence
-counter; every frame it sends carries both, so groups never confuse each other's messages.
+A ProcessGroup is a subset of a World's ranks (the world itself included) with its own id
+and sequence counter; every frame it sends carries both, so groups never confuse each
+other's messages. Each call is one funnel (run_collective): the call's header, label and
+flight-recorder entry, then the first runner that takes it (runners/) runs it in the
+engine, and a failure is reported to every peer. The group never names a runner.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-from .. import _log, schedule
+from .. import _config, _log, runners
 from .._dtypes import DType
 from .._errors import CollectiveError, CollectiveTimeout, UsageError
-from .._reduce_ops import ReduceOp, finish_average, kernel
-from ..runners import arena as _shm
-from ..runners import hierarchical as _hier
-from ..runners.executor import Plan, make_plan, run_schedule
+from .._reduce_ops import Kernel, ReduceOp, finish_average, kernel
+from ..runners import BaseRunner, Call, Members, Runner, Spec
 from ..transport import _wire
 from ..transport._wire import ALGO_CODE, Header
-from ..tuning import params as _tuning
 from .work import Work
 from .world import World
 
 log = logging.getLogger("pycollective")
-
-
-@lru_cache(maxsize=4096)
-def _cached_schedule(
-    collective: str,
-    algorithm: str,
-    rank: int,
-    size: int,
-    count: int,
-    root: int,
-    segment: int,
-    send_counts: tuple[int, ...] | None,
-    recv_counts: tuple[int, ...] | None,
-) -> Plan:
-    """This rank's schedule, digested for the executor; built once per distinct call."""
-    return make_plan(
-        schedule.build(
-            collective,
-            algorithm,
-            rank,
-            size,
-            count,
-            root=root,
-            segment=segment,
-            send_counts=send_counts,
-            recv_counts=recv_counts,
-        )
-    )
-
-
-def _size_class(count: int) -> int:
-    """Counts are priced at the next power of two, so auto's choice is cached per octave
-    instead of recomputed for every new size (pricing builds every rank's schedule)."""
-    return 0 if count <= 0 else 1 << (count - 1).bit_length()
-
-
-def _auto_choice(transport: str, collective: str, size: int, count: int, itemsize: int) -> str:
-    # The job's parameters (rank 0's: the same on every rank), with the group's CPU share.
-    params = _tuning.group_params(transport, size)
-    return _select(params, collective, size, count, itemsize)
-
-
-@lru_cache(maxsize=2048)
-def _select(
-    params: schedule.cost.CostParams, collective: str, size: int, count: int, itemsize: int
-) -> str:
-    segment = max(1, _tuning.CHAIN_SEGMENT_BYTES // itemsize)
-    # Costs do not depend on the root (schedules are built relative to it): price root 0.
-    return schedule.cost.select(collective, size, count, itemsize, params, segment=segment)
 
 
 class ProcessGroup:
@@ -103,12 +50,10 @@ class ProcessGroup:
         self._seq = 0
         self._failed: CollectiveError | None = None
         self._peers = tuple(r for r in self.ranks if r != world.rank)
-        # Set at the group's first collective: the shared-memory arena when every member
-        # is on this host (shm/local.py), else None.
-        self.shm: _shm.LocalGroup | None = None
-        self._shm_known = False
-        # Also set then: which member is on which host (_hierarchy.py); None for one rank.
-        self.hierarchy: _hier.Hierarchy | None = None
+        # The runners that serve this group (runners/), set up at its first collective,
+        # and what each distinct call needs, worked out at its first occurrence.
+        self._runners: list[Runner] | None = None
+        self._prepared: dict[tuple, _Prepared] = {}
         self._noted: set = set()  # the calls PYCOLLECTIVE_DEBUG=INFO has named (_log.py)
 
     # torch spells these as methods
@@ -143,47 +88,62 @@ class ProcessGroup:
                 f"this group is unusable after an earlier failure: {self._failed}"
             ) from self._failed
 
+    @property
+    def members(self) -> Members:
+        """What a runner is told about this group."""
+        return Members(self.ranks, self._rank, self.group_id, self.timeout, self.world)
+
+    def runner(self, kind: type) -> Runner | None:
+        """This group's runner of a kind (runners.REGISTRY), None if it has none (yet: they
+        are set up at the group's first collective)."""
+        return next((r for r in self._runners or () if type(r) is kind), None)
+
+    def algorithms(self, collective: str) -> list[str]:
+        """The algorithm names this group lists for `collective`, "auto" first."""
+        return ["auto", *runners.listed(collective, self._runners)]
+
     def choose_algorithm(
         self, collective: str, algorithm: str | None, count: int, dtype: DType, root: int
     ) -> str:
-        names = schedule.ALGORITHMS[collective]
-        local = self.shm is not None and collective in _shm.COLLECTIVES
-        if local:
-            names = (*names, _shm.ALGORITHM)
-        if collective == "all_reduce":
-            names = (*names, _hier.ALGORITHM)
-        chosen = (
-            algorithm or os.environ.get(f"PYCOLLECTIVE_{collective.upper()}_ALGORITHM") or "auto"
-        )
+        """The algorithm this group runs for such a call (set up first if need be)."""
+        if self._runners is None:
+            self._set_up_runners()
+        spec = Spec(collective, count, dtype, 0, root)
+        return self._pick(spec, _config.algorithm_choice(collective, algorithm))[1]
+
+    def _pick(self, spec: Spec, chosen: str) -> tuple[Runner, str]:
+        """The runner and algorithm for `spec`: under "auto" the first runner that chooses
+        one, else the first that accepts the name."""
+        runners_ = self._runners or []
         if chosen == "auto":
-            if local:
-                return _shm.ALGORITHM
-            if collective == "all_reduce" and self.hierarchy is not None:
-                if self.hierarchy.layout.prefers_hierarchy():
-                    return _hier.ALGORITHM
-            if len(names) == 1:
-                return names[0]
-            best = _auto_choice(
-                self.world.transport_name,
-                collective,
-                self.size(),
-                _size_class(count),
-                dtype.itemsize,
-            )
-            log.debug(
-                "auto chose %s for %s of %d x %s on %d ranks",
-                best,
-                collective,
-                count,
-                dtype.name,
-                self.size(),
-            )
-            return best
-        if chosen not in names:
-            raise UsageError(
-                f"unknown algorithm {chosen!r} for {collective}; choose one of {['auto', *names]}"
-            )
-        return chosen
+            for r in runners_:
+                algo = r.choose(spec)
+                if algo is not None:
+                    return r, algo
+        else:
+            for r in runners_:
+                if r.accepts(spec.collective, chosen):
+                    return r, chosen
+        names = self.algorithms(spec.collective)
+        raise UsageError(
+            f"unknown algorithm {chosen!r} for {spec.collective}; choose one of {names}"
+        )
+
+    def _prepare(self, key: tuple, spec: Spec, algorithm: str | None) -> _Prepared:
+        runner, algo = self._pick(spec, _config.algorithm_choice(spec.collective, algorithm))
+        op = key[4]
+        prepared = _Prepared(
+            runner,
+            algo,
+            ALGO_CODE[algo],
+            kernel(op, spec.dtype) if op is not None else None,
+            runner.prepare(spec, algo),
+            tuple(r for r in self._runners or () if r is not runner and _notes(r)),
+        )
+        if len(self._prepared) >= _MAX_PREPARED:
+            self._prepared.clear()  # a program of ever-new sizes: start over, stay bounded
+        self._prepared[key] = prepared
+        return prepared
 
     def run_collective(
         self,
@@ -202,39 +162,43 @@ class ProcessGroup:
         async_op: bool = False,
         result: Any = None,
     ) -> Work | None:
-        """Run one collective on this rank: choose, build, execute, finish (AVG, copies out).
-
-        `root` is a group rank. Arguments must already be validated: from here on a failure
-        is a failure of the group, reported to every peer.
+        """Run one collective on this rank: choose a runner, run it, finish (AVG, copies
+        out). `root` is a group rank. Arguments must already be validated: from here on a
+        failure is a failure of the group, reported to every peer.
         """
         self.check_usable()
-        if not self._shm_known:
-            self._set_up_shm()
-        algo = self.choose_algorithm(collective, algorithm, count, dtype, root)
-        segment = max(1, _tuning.CHAIN_SEGMENT_BYTES // dtype.itemsize)
-        sched = (
-            None
-            if algo in (_shm.ALGORITHM, _hier.ALGORITHM)
-            else _cached_schedule(
-                collective,
-                algo,
-                self._rank,
-                self.size(),
-                count,
-                root,
-                segment,
-                send_counts,
-                recv_counts,
-            )
+        if self._runners is None:
+            self._set_up_runners()
+        key = (
+            collective,
+            algorithm,
+            count,
+            dtype,
+            op,
+            root,
+            header_count,
+            send_counts,
+            recv_counts,
         )
+        spec = Spec(
+            collective,
+            count,
+            dtype,
+            int(op) if op is not None else 0,
+            root,
+            send_counts,
+            recv_counts,
+        )
+        prepared = self._prepared.get(key) or self._prepare(key, spec, algorithm)
+        algo = prepared.algorithm
         seq = self._seq
         self._seq += 1
         header = Header(
             _wire.DATA,
             _wire.KIND_CODE[collective],
             dtype.code,
-            int(op) if op is not None else 0,
-            ALGO_CODE[algo],
+            spec.op,
+            prepared.algo_code,
             self.group_id,
             seq,
             0,
@@ -242,7 +206,6 @@ class ProcessGroup:
             count if header_count is None else header_count,
             0,
         )
-        red_kernel = kernel(op, dtype) if op is not None else None
         label = f"{collective}#{seq}({algo}, {count} x {dtype.name})"
         if _log.LOGGER.isEnabledFor(logging.INFO):  # PYCOLLECTIVE_DEBUG=INFO|DETAIL
             _log.note_call(self._noted, self.group_name, self._rank, self.size(), collective,
@@ -257,45 +220,18 @@ class ProcessGroup:
             self.check_usable()
             entry.start()
             deadline = time.monotonic() + self.timeout
+            call = Call(spec, algo, arrays, prepared.kernel, header, deadline, label, prepared.plan)
             try:
                 if world.transport is not None and self._peers:
                     # An abort notice that came since the last call fails this one now,
                     # even if none of its own steps would touch the rank at fault.
                     world.transport.check_group(self.group_id, seq, header)
-                if algo == _hier.ALGORITHM:
-                    if self.hierarchy is not None:  # None: one rank, nothing to do
-                        self.hierarchy.run(
-                            arrays,
-                            dtype,
-                            red_kernel,
-                            header,
-                            deadline,
-                            label,
-                            world.transport,
-                            world.pool,
-                        )
-                elif sched is None:
-                    self.shm.run(  # type: ignore[union-attr]
-                        collective, arrays, dtype, red_kernel, header, deadline, label
-                    )
-                elif world.transport is not None or self.size() == 1:
-                    if self.shm is not None:
-                        self.shm.announce(header)  # so a peer in an arena call sees ours
-                    run_schedule(
-                        sched,
-                        arrays,
-                        dtype,
-                        red_kernel,
-                        world.transport,
-                        self.ranks,
-                        header,
-                        deadline,
-                        world.pool,
-                        label,
-                    )
+                for other in prepared.noted:
+                    other.note(call)
+                prepared.runner.run(call)
             except CollectiveError as exc:
-                if isinstance(exc, CollectiveTimeout) and exc.seq is None:
-                    exc.seq = seq
+                if isinstance(exc, CollectiveTimeout):
+                    _explain_timeout(exc, seq, self.timeout)
                 entry.failed(exc)
                 first = self._failed is None
                 self.fail(exc, seq)
@@ -313,41 +249,22 @@ class ProcessGroup:
         world.engine.run(job)
         return None
 
-    def _set_up_shm(self) -> None:
-        """Before the first collective: find out whether every member is on this host
-        and map the group's shared-memory arena if so (one exchange, shm/local.py)."""
+    def _set_up_runners(self) -> None:
+        """Before the first collective: set up every runner that can serve the group (the
+        arena maps shared memory when every member is on this host, the hierarchy learns
+        which member is on which host; runners/)."""
         world = self.world
         seq = self._seq
 
         def job() -> None:
             self.check_usable()
-            if self._shm_known:
+            if self._runners is not None:
                 return  # another thread's first call got here first
             try:
-                self.shm = _shm.setup(
-                    self.ranks,
-                    self._rank,
-                    self.group_id,
-                    world.transport,
-                    ALGO_CODE[_shm.SETUP_ALGORITHM],
-                    time.monotonic() + self.timeout,
-                    world.pool,
-                )
-                self.hierarchy = _hier.setup(
-                    self.ranks,
-                    self._rank,
-                    self.group_id,
-                    world.transport,
-                    self.shm,
-                    ALGO_CODE[_hier.SETUP_ALGORITHM],
-                    ALGO_CODE[_shm.SETUP_ALGORITHM],
-                    time.monotonic() + self.timeout,
-                    world.pool,
-                )
+                self._runners = runners.set_up(self.members)
             except CollectiveError as exc:
                 self.fail(exc, seq)
                 raise
-            self._shm_known = True
 
         world.engine.run(job)
 
@@ -374,3 +291,42 @@ def group_id_for(ranks: Sequence[int], nth: int) -> int:
     those same ranks were made before."""
     text = f"{','.join(map(str, ranks))}#{nth}".encode()
     return zlib.crc32(text) or 1
+
+
+_MAX_PREPARED = 4096  # distinct calls remembered per group
+
+
+class _Prepared:
+    """What every call of one kind (collective, algorithm, count, dtype, op, root, ...)
+    needs, worked out once: its runner and algorithm, the reduction kernel, the runner's
+    plan, and the group's other runners that note each call (runners/_base.py)."""
+
+    __slots__ = ("runner", "algorithm", "algo_code", "kernel", "plan", "noted")
+
+    def __init__(
+        self,
+        runner: Runner,
+        algorithm: str,
+        algo_code: int,
+        kernel: Kernel | None,
+        plan: Any,
+        noted: tuple[Runner, ...],
+    ) -> None:
+        self.runner = runner
+        self.algorithm = algorithm
+        self.algo_code = algo_code
+        self.kernel = kernel
+        self.plan = plan
+        self.noted = noted
+
+
+def _notes(runner: Runner) -> bool:
+    """Whether a runner does anything in `note` (most do not: skip the call)."""
+    return type(runner).note is not BaseRunner.note
+
+
+def _explain_timeout(exc: CollectiveTimeout, seq: int, timeout: float) -> None:
+    """Say which call timed out, after how long, and how to change it."""
+    if exc.seq is None:
+        exc.seq = seq
+    _config.with_timeout_hint(exc, timeout)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import _config
 from .._buffers import Buffer, as_buffer
 from .._errors import CollectiveError, CollectiveTimeout, UsageError
 from ..transport import _wire
@@ -101,6 +102,8 @@ def run_batch(world: World, batch: Sequence[tuple[Op, Work | _Outcome]]) -> None
         world.transport.check_group(group_id)
         world.transport.exchange(sends, recvs, time.monotonic() + timeout, group_id, label)
     except CollectiveError as exc:
+        if isinstance(exc, CollectiveTimeout):
+            _config.with_timeout_hint(exc, timeout)
         entry.failed(exc)
         if not isinstance(exc, UsageError):
             # As for collectives: the group is unusable and its members are told why, so
@@ -154,7 +157,8 @@ def monitored_barrier(g: ProcessGroup, seconds: float, wait_all_ranks: bool) -> 
                 missing = [p for p, m in zip(others, recvs, strict=True) if not m.done]
                 shown = missing if wait_all_ranks else missing[:1]
                 exc = CollectiveTimeout(
-                    f"monitored_barrier: rank(s) {shown} did not arrive within {seconds:g} s",
+                    f"monitored_barrier: rank(s) {shown} did not arrive within {seconds:g} s "
+                    "(set timeout= to change it)",
                     op="monitored_barrier",
                     waiting_on=missing,
                 )

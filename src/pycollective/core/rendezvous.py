@@ -12,10 +12,10 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .. import _config, _launch_env, _netutil
+from .. import _config, _launch_env, _netutil, runners
 from .. import store as store_mod
 from .._auth import secret_from_env
-from .._errors import StoreError, UsageError
+from .._errors import CollectiveTimeout, StoreError, UsageError
 from ..transport.tcp import connect_mesh
 from ..tuning import params as _tuning
 from .p2p import run_batch
@@ -166,13 +166,22 @@ def connect_world(
     sharing that store. Every rank calls this with the same size and prefix. `abort`
     (see connect_mesh) may end the wait for peers early.
     """
+    check_environment()
     transport = None
+    job = None
     if size > 1:
         secret = secret_from_env()
         bind, advertise = _netutil.listen_address(master_addr or "127.0.0.1", multi_node)
         _warn_if_open(bind, secret)
         t0 = time.monotonic()
-        transport = connect_mesh(rank, size, store, prefix, secret, bind, advertise, timeout, abort)
+        try:
+            transport = connect_mesh(
+                rank, size, store, prefix, secret, bind, advertise, timeout, abort
+            )
+        except (CollectiveTimeout, StoreError) as exc:
+            if isinstance(exc, CollectiveTimeout) or "timed out" in str(exc):
+                _config.with_timeout_hint(exc, timeout)
+            raise
         log.info(
             "rank %d: TCP mesh of %d ranks up in %.3f s (listening on %s, advertised as %s%s)",
             rank, size, time.monotonic() - t0, bind, advertise,
@@ -180,11 +189,11 @@ def connect_world(
         )  # fmt: skip
     if size > 1:  # every rank prices `auto` with rank 0's cost parameters
         try:
-            _tuning.agree(rank, size, store, f"{prefix}/cost", timeout)
+            job = _tuning.agree(rank, size, store, f"{prefix}/cost", timeout)
         except BaseException:
             transport.close()
             raise
-    world = World(rank, size, transport, store, timeout)
+    world = World(rank, size, transport, store, timeout, tuning=_tuning.Tuning(job))
     world.engine.set_p2p_runner(lambda batch: run_batch(world, batch))
     world.group_counts[tuple(range(size))] = 1
     return world
@@ -202,6 +211,12 @@ def close_world(world: World) -> None:
         world.pool.release()
         if world.flight is not None and world.flight.timeline is not None:
             world.flight.timeline.write()  # PYCOLLECTIVE_TIMELINE (also written at exit)
+
+
+def check_environment() -> None:
+    """Every PYCOLLECTIVE_* variable checked before a rank joins (_config.py), algorithm
+    names against what the runners know."""
+    _config.check_environment(algorithms={c: runners.known(c) for c in _config.COLLECTIVES})
 
 
 def _warn_if_open(bind: str, secret: bytes) -> None:

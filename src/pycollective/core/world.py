@@ -15,6 +15,7 @@ from ..observe.flight import FlightRecorder
 from ..runners.executor import ScratchPool
 from ..transport._base import Transport
 from ..transport.counting import CountingTransport
+from ..tuning.params import Tuning
 from .engine import Engine
 
 
@@ -36,6 +37,7 @@ class World:
     closed: bool = False
     owns_store: bool = True
     flight: FlightRecorder | None = None  # made in __post_init__ (needs rank and size)
+    tuning: Tuning = field(default_factory=Tuning)  # what `auto` prices with (tuning/)
 
     def __post_init__(self) -> None:
         if self.flight is None:

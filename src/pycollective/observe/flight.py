@@ -27,9 +27,11 @@ import time
 import weakref
 from typing import Any
 
+from .. import _config
+
 log = logging.getLogger("pycollective")
 
-DEFAULT_ENTRIES = 256
+DEFAULT_ENTRIES = _config.VARS["PYCOLLECTIVE_FLIGHT_RECORDER"].default
 FORMAT = "pycollective-flight/1"
 
 # states of an entry
@@ -257,18 +259,11 @@ class FlightRecorder:
 
 
 def _capacity_from_env() -> int:
-    text = os.environ.get("PYCOLLECTIVE_FLIGHT_RECORDER", "")
-    try:
-        return int(text) if text.strip() else DEFAULT_ENTRIES
-    except ValueError:
-        log.warning(
-            "PYCOLLECTIVE_FLIGHT_RECORDER=%r is not an integer; using %d", text, DEFAULT_ENTRIES
-        )
-        return DEFAULT_ENTRIES
+    return int(_config.get("PYCOLLECTIVE_FLIGHT_RECORDER"))
 
 
 def flight_dir() -> str:
-    explicit = os.environ.get("PYCOLLECTIVE_FLIGHT_DIR")
+    explicit = _config.get("PYCOLLECTIVE_FLIGHT_DIR")
     if explicit:
         return explicit
     uid = os.getuid() if hasattr(os, "getuid") else 0

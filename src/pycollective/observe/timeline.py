@@ -37,6 +37,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .. import _config
 from .._units import human_bytes
 from .flight import Entry, job_id
 
@@ -44,7 +45,6 @@ log = logging.getLogger("pycollective")
 
 ENV = "PYCOLLECTIVE_TIMELINE"
 FORMAT = "pycollective-timeline/1"
-DEFAULT_LIMIT = 1_000_000  # events kept per process (PYCOLLECTIVE_TIMELINE_LIMIT)
 
 
 class WaitClock:
@@ -98,7 +98,7 @@ def _wall_offset() -> float:
 class Timeline:
     """One process's recorded operations (of every World it makes) and where they go."""
 
-    def __init__(self, template: str, rank: int, size: int, limit: int = DEFAULT_LIMIT) -> None:
+    def __init__(self, template: str, rank: int, size: int, limit: int = 1_000_000) -> None:
         self.template = template
         self.rank = rank
         self.size = size
@@ -188,23 +188,16 @@ def from_env(rank: int, size: int) -> Timeline | None:
     """This process's timeline when PYCOLLECTIVE_TIMELINE is set (made once, at the first
     World; later Worlds add to it), else None."""
     global _current
-    template = os.environ.get(ENV, "").strip()
+    template = _config.get(ENV)
     if not template:
         return None
     with _current_lock:
         if _current is None or _current.template != template:
-            limit = _int_env("PYCOLLECTIVE_TIMELINE_LIMIT", DEFAULT_LIMIT)
+            limit = _config.get("PYCOLLECTIVE_TIMELINE_LIMIT")
             _current = Timeline(template, rank, size, limit)
             WAIT.on = True
             atexit.register(_current.write)
         return _current
-
-
-def _int_env(name: str, default: int) -> int:
-    try:
-        return max(0, int(os.environ.get(name, "") or default))
-    except ValueError:
-        return default
 
 
 def rank_path(template: str, rank: int) -> str:

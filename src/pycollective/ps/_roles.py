@@ -6,9 +6,9 @@ from `num_servers` or PYCOLLECTIVE_NUM_SERVERS (which `pycollective run --server
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+from .. import _config
 from .._errors import UsageError
 
 
@@ -49,11 +49,9 @@ class Roles:
 
 def roles(rank: int, world_size: int, num_servers: int | None = None) -> Roles:
     if num_servers is None:
-        env = os.environ.get("PYCOLLECTIVE_NUM_SERVERS", "")
-        try:
-            num_servers = int(env) if env else 1
-        except ValueError:
-            raise UsageError(f"PYCOLLECTIVE_NUM_SERVERS must be an int, got {env!r}") from None
+        num_servers = _config.get("PYCOLLECTIVE_NUM_SERVERS")
+        if num_servers is None:
+            num_servers = 1
     if not 1 <= num_servers < world_size:
         raise UsageError(
             f"a parameter-server job needs 1 <= servers < world size; got {num_servers} "

@@ -18,7 +18,6 @@ notices and lost TCP connections of the peers it waits on (TransportError).
 
 from __future__ import annotations
 
-import os
 import time
 import zlib
 from collections.abc import Sequence
@@ -26,8 +25,9 @@ from functools import lru_cache, partial
 
 import numpy as np
 
+from .. import _config
 from .._dtypes import BYTE, DType
-from .._errors import CollectiveError, CollectiveTimeout, MismatchError, TransportError, UsageError
+from .._errors import CollectiveError, CollectiveTimeout, TransportError, UsageError
 from .._reduce_ops import Kernel, ReduceOp
 from ..observe.timeline import WAIT as _WAIT
 from ..schedule import build as build_schedule
@@ -39,8 +39,10 @@ from ..shm import shared as _shared
 from ..shm.arena import Arena, Segment
 from ..transport import _wire
 from ..transport._base import Transport
-from ..transport._wire import Header
+from ..transport._calls import describe_peer, judge_announcement, mismatch_error
+from ..transport._wire import ALGO_CODE, Header
 from ..tuning import params as _tuning
+from ._base import BaseRunner, Call, Members, Need, Spec
 from .executor import ScratchPool, run_schedule
 
 ALGORITHM = "shm"
@@ -66,10 +68,7 @@ def _cpu_mask() -> np.ndarray:
 
 
 def transport_mode() -> str:
-    mode = os.environ.get("PYCOLLECTIVE_TRANSPORT", "auto").strip().lower() or "auto"
-    if mode not in _MODES:
-        raise UsageError(f"PYCOLLECTIVE_TRANSPORT must be auto, tcp or shm, got {mode!r}")
-    return mode
+    return str(_config.get("PYCOLLECTIVE_TRANSPORT"))
 
 
 class LocalGroup:
@@ -122,28 +121,17 @@ class LocalGroup:
         if ann is None or ann == _announcement(mine):
             return  # nothing yet, or the common case: the same call
         theirs = self._theirs(q, mine, ann)  # from `ann`: a fresh read could be newer
-        if theirs is None or (arrived and theirs.seq != mine.seq):
-            # Arrived: it announced ours before entering the phase; a later seq means it
-            # checked ours and moved on, an earlier one that we read before it announced.
+        if theirs is None:
             return
-        if not arrived and theirs.seq < mine.seq:
-            return  # not there yet
-        diffs = [] if theirs.seq == mine.seq else ["sequence number"]
-        diffs += _wire.meta_differences(theirs, mine)
+        diffs = judge_announcement(mine, theirs, arrived)
         if diffs:
-            raise MismatchError(
-                f"collective mismatch ({', '.join(diffs)} differ): rank {self.ranks[self.me]} "
-                f"called {mine.describe()} but rank {self.ranks[q]} called {theirs.describe()}"
-            )
+            raise mismatch_error(self.ranks[self.me], mine, self.ranks[q], theirs, diffs)
 
     def _last_doing(self, q: int, mine: Header) -> str:
         """What peer q was last seen doing, in the words TCP uses for its frames."""
         theirs = self._theirs(q, mine)
-        if theirs is None:
-            return f"rank {self.ranks[q]}: has entered no call on this group yet"
-        if theirs.seq == mine.seq:
-            return f"rank {self.ranks[q]}: is in {theirs.describe()}"
-        return f"rank {self.ranks[q]}: last sent data of {theirs.describe()}"
+        in_call = theirs is not None and theirs.seq == mine.seq
+        return describe_peer(self.ranks[q], theirs, now_in=in_call)
 
     # ------------------------------------------------------------------ running
 
@@ -462,3 +450,51 @@ def setup_header(group_id: int, algo_code: int) -> Header:
     setup_id = zlib.crc32(b"shm-setup/%d" % group_id) or 1
     kind = _wire.KIND_CODE["all_gather"]
     return Header(_wire.DATA, kind, BYTE.code, 0, algo_code, setup_id, 0, 0, 0, _RECORD, 0)
+
+
+class ArenaRunner(BaseRunner):
+    """The runner of the arena's collectives ("shm"), for groups whose members all share
+    this host; `auto` takes it for every collective it has. It also tells the arena which
+    call this rank is in when another runner runs it (`note`), so a peer waiting in the
+    arena sees a mismatched call at once."""
+
+    def __init__(self, members: Members, group: LocalGroup) -> None:
+        self.members = members
+        self.group = group
+
+    @classmethod
+    def set_up(cls, members: Members, need: Need) -> ArenaRunner | None:
+        group = setup(
+            members.ranks,
+            members.me,
+            members.group_id,
+            members.transport,
+            ALGO_CODE[SETUP_ALGORITHM],
+            time.monotonic() + members.timeout,
+            members.pool,
+        )
+        return None if group is None else cls(members, group)
+
+    @staticmethod
+    def names(collective: str) -> tuple[str, ...]:
+        return (ALGORITHM,) if collective in COLLECTIVES else ()
+
+    def offers(self, collective: str) -> tuple[str, ...]:
+        return self.names(collective)
+
+    def choose(self, spec: Spec) -> str | None:
+        return ALGORITHM if spec.collective in COLLECTIVES else None
+
+    def note(self, call: Call) -> None:
+        self.group.announce(call.header)
+
+    def run(self, call: Call) -> None:
+        self.group.run(
+            call.spec.collective,
+            call.arrays,
+            call.spec.dtype,
+            call.kernel,
+            call.header,
+            call.deadline,
+            call.label,
+        )

@@ -27,6 +27,7 @@ arena); every rank derives the same layout from it, so all make the same choices
 from __future__ import annotations
 
 import logging
+import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -42,9 +43,10 @@ from ..schedule import cost as _cost
 from ..shm import _hostid
 from ..transport import _wire
 from ..transport._base import Transport
-from ..transport._wire import Header
-from ..tuning import params as _tuning
+from ..transport._wire import ALGO_CODE, Header
+from ..tuning.params import Tuning
 from . import arena as _shm
+from ._base import BaseRunner, Call, Members, Need, Spec
 from .executor import Plan, ScratchPool, make_plan, run_schedule
 
 log = logging.getLogger("pycollective")
@@ -113,7 +115,12 @@ class Hierarchy:
     """One group's layout and, for its host's ranks, the arena of the intra-host steps."""
 
     def __init__(
-        self, layout: Layout, me: int, global_ranks: Sequence[int], arena: _shm.LocalGroup | None
+        self,
+        layout: Layout,
+        me: int,
+        global_ranks: Sequence[int],
+        arena: _shm.LocalGroup | None,
+        tuning: Tuning | None = None,
     ) -> None:
         self.layout = layout
         self.me = me
@@ -126,6 +133,7 @@ class Hierarchy:
         index = self.local if layout.even else 0
         self.cross = tuple(h[index] for h in layout.hosts)
         self.arena = arena
+        self.tuning = tuning or Tuning()  # prices the cross-host step's flat algorithm
         self.scratch = ScratchPool()  # not the world's: run_schedule takes that one
 
     def run(
@@ -182,7 +190,7 @@ class Hierarchy:
     def _cross(self, data: np.ndarray, call: _Call) -> None:
         """All-reduce of `data` among self.cross (one rank per host), over TCP."""
         H = len(self.cross)
-        algo = flat_algorithm(H, data.size, call.dtype.itemsize)
+        algo = flat_algorithm(H, data.size, call.dtype.itemsize, self.tuning.params("tcp"))
         plan = _plan("all_reduce", algo, self.local_host, H, data.size, 1)
         ranks = tuple(self.global_ranks[r] for r in self.cross)
         run_schedule(
@@ -219,11 +227,11 @@ class Hierarchy:
         return self._host
 
 
-def flat_algorithm(size: int, count: int, itemsize: int) -> str:
+def flat_algorithm(size: int, count: int, itemsize: int, params: _cost.CostParams) -> str:
     """The flat all-reduce `auto` would run over TCP for `size` ranks (every rank computes
     the same: same inputs, and the parameters the job agreed on)."""
     cls = 0 if count <= 0 else 1 << (count - 1).bit_length()
-    return _cheapest(size, cls, itemsize, _tuning.cost_params("tcp"))
+    return _cheapest(size, cls, itemsize, params)
 
 
 @lru_cache(maxsize=1024)
@@ -263,6 +271,7 @@ def setup(
     shm_algo_code: int,
     deadline: float,
     pool: ScratchPool,
+    tuning: Tuning | None = None,
 ) -> Hierarchy | None:
     """Run by every member at a group's first collective, after the shared-memory set-up
     (`group_arena` is its result). None for a group of one rank."""
@@ -270,7 +279,7 @@ def setup(
     if p == 1 or transport is None:
         return None
     if group_arena is not None:  # one host, already known: no exchange
-        return Hierarchy(Layout((tuple(range(p)),)), me, ranks, group_arena)
+        return Hierarchy(Layout((tuple(range(p)),)), me, ranks, group_arena, tuning)
     header = _header(zlib.crc32(b"hierarchy-hosts/%d" % group_id) or 1, algo_code)
     try:
         layout = _exchange(ranks, me, transport, header, deadline, pool)
@@ -295,7 +304,7 @@ def setup(
         )
         if arena is not None:
             arena.group_id = group_id
-    hier = Hierarchy(layout, me, ranks, arena)
+    hier = Hierarchy(layout, me, ranks, arena, tuning)
     log.debug(
         "group %d: %s, intra-host steps over %s",
         group_id,
@@ -336,3 +345,63 @@ def _exchange(
 def _header(group: int, algo_code: int) -> Header:
     kind = _wire.KIND_CODE["all_gather"]
     return Header(_wire.DATA, kind, BYTE.code, 0, algo_code, group, 0, 0, 0, _ID_BYTES, 0)
+
+
+class HierarchicalRunner(BaseRunner):
+    """The runner of "hierarchical" all_reduce. `auto` takes it when the group spans hosts
+    with several ranks on some host; `algorithm="hierarchical"` is accepted on any group
+    (one host: the in-host steps alone), but listed only where the group spans hosts."""
+
+    def __init__(self, members: Members, hierarchy: Hierarchy | None) -> None:
+        self.members = members
+        self.hierarchy = hierarchy  # None for a group of one rank: nothing to do
+
+    @classmethod
+    def set_up(cls, members: Members, need: Need) -> HierarchicalRunner:
+        arena = need(_shm.ArenaRunner)
+        hierarchy = setup(
+            members.ranks,
+            members.me,
+            members.group_id,
+            members.transport,
+            arena.group if isinstance(arena, _shm.ArenaRunner) else None,
+            ALGO_CODE[SETUP_ALGORITHM],
+            ALGO_CODE[_shm.SETUP_ALGORITHM],
+            time.monotonic() + members.timeout,
+            members.pool,
+            members.tuning,
+        )
+        return cls(members, hierarchy)
+
+    @staticmethod
+    def names(collective: str) -> tuple[str, ...]:
+        return (ALGORITHM,) if collective == "all_reduce" else ()
+
+    def offers(self, collective: str) -> tuple[str, ...]:
+        h = self.hierarchy
+        if collective == "all_reduce" and h is not None and len(h.layout.hosts) > 1:
+            return (ALGORITHM,)
+        return ()
+
+    def accepts(self, collective: str, algorithm: str) -> bool:
+        return collective == "all_reduce" and algorithm == ALGORITHM
+
+    def choose(self, spec: Spec) -> str | None:
+        h = self.hierarchy
+        if spec.collective == "all_reduce" and h is not None and h.layout.prefers_hierarchy():
+            return ALGORITHM
+        return None
+
+    def run(self, call: Call) -> None:
+        if self.hierarchy is not None:
+            m = self.members
+            self.hierarchy.run(
+                call.arrays,
+                call.spec.dtype,
+                call.kernel,
+                call.header,
+                call.deadline,
+                call.label,
+                m.transport,
+                m.pool,
+            )

@@ -11,10 +11,11 @@ wake-ups, same correctness, because every caller re-checks its condition in a lo
 from __future__ import annotations
 
 import ctypes
-import os
 import platform
 import sys
 import time
+
+from .. import _config
 
 _FUTEX_WAIT = 0
 _FUTEX_WAKE = 1
@@ -50,7 +51,7 @@ def _load():
 
 
 _syscall = _load()
-AVAILABLE = _syscall is not None and os.environ.get("PYCOLLECTIVE_SHM_FUTEX", "1") != "0"
+AVAILABLE = _syscall is not None and _config.get("PYCOLLECTIVE_SHM_FUTEX") != "0"
 
 
 def wait(address: int, expected: int, timeout: float) -> None:

@@ -13,6 +13,8 @@ import hashlib
 import os
 import socket
 
+from .. import _config
+
 
 def _read(path: str) -> str:
     try:
@@ -32,7 +34,7 @@ def _ns(kind: str) -> str:
 def host_id() -> bytes:
     """16 bytes, equal for two processes exactly when they may share memory (as far as we
     can tell; PYCOLLECTIVE_HOST_ID replaces it, e.g. to keep ranks apart in tests)."""
-    override = os.environ.get("PYCOLLECTIVE_HOST_ID")
+    override = _config.get("PYCOLLECTIVE_HOST_ID")
     if override:
         text = "override|" + override
     else:

@@ -38,6 +38,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .. import _config
 from ..observe.timeline import WAIT as _WAIT
 from . import _futex
 
@@ -72,13 +73,6 @@ NBUF = 4  # data buffers, taken round robin by consecutive chunks
 _H_MAGIC, _H_SIZE, _H_SLOT, _H_PID = 0, 1, 2, 3
 
 
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
 def affinity() -> set[int]:
     """The CPUs this process may run on."""
     try:
@@ -93,8 +87,8 @@ def slot_bytes_for(size: int, cores: int) -> int:
     up to 4 MiB: every phase then costs context switches, so fewer, larger chunks win (a
     16 MiB all_reduce at p=4 on 2 cores took half the time with 2-4 MiB chunks than with
     1 MiB). PYCOLLECTIVE_SHM_SLOT_BYTES overrides."""
-    override = os.environ.get("PYCOLLECTIVE_SHM_SLOT_BYTES")
-    if override:
+    override = _config.get("PYCOLLECTIVE_SHM_SLOT_BYTES")
+    if override is not None:
         value = int(override)
     else:
         cap = (4 << 20) if size > cores else (1 << 20)
@@ -268,7 +262,8 @@ class Arena:
         # yielding is only for the first few checks: with more busy processes than cores a
         # pure spinner can hold the core the peer needs for a whole time slice.
         default_us = 300.0 if oversubscribed else 1000.0
-        self.yield_seconds = _env_float("PYCOLLECTIVE_SHM_SPIN_US", default_us) * 1e-6
+        spin_us = _config.get("PYCOLLECTIVE_SHM_SPIN_US")
+        self.yield_seconds = (default_us if spin_us is None else spin_us) * 1e-6
         self.pure_spins = 16 if oversubscribed else 256
 
     # ---------------------------------------------------------------- header, at setup

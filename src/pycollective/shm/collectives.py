@@ -26,13 +26,13 @@ Every rank runs the same number of phases for the same call, whatever its role.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
+from .. import _config
 from .._dtypes import DType
 from .._reduce_ops import ReduceOp, fused_reduce
 from .arena import Arena
@@ -104,7 +104,7 @@ SMALL_BYTES = 256 * 1024
 # too): a chunk's slots stay in cache between its reduction and its copy out, and 1 MiB
 # measured faster than 256 or 512 KiB at p=2 (per-step Python work adds up below that).
 # PYCOLLECTIVE_SHM_CHUNK_BYTES overrides.
-CHUNK_BYTES = int(os.environ.get("PYCOLLECTIVE_SHM_CHUNK_BYTES", 4 << 20))
+CHUNK_BYTES = _config.VARS["PYCOLLECTIVE_SHM_CHUNK_BYTES"].default
 _ALIGN_BYTES = 64  # shares start on cache-line boundaries
 
 
@@ -118,7 +118,7 @@ def _shares(m: int, p: int, itemsize: int) -> tuple[int, ...]:
 
 def chunk_elements(arena: Arena, itemsize: int) -> int:
     """Elements per chunk of a pipelined reduction: one slot, at most CHUNK_BYTES."""
-    return max(1, min(arena.slot_bytes, CHUNK_BYTES) // itemsize)
+    return max(1, min(arena.slot_bytes, _config.get("PYCOLLECTIVE_SHM_CHUNK_BYTES")) // itemsize)
 
 
 def all_reduce(

@@ -17,12 +17,12 @@ Python), runs the Python arena instead; the latter warns once, saying why.
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable
 
 import numpy as np
 
+from .. import _config
 from .arena import NBUF, Arena, layout
 
 try:
@@ -52,18 +52,15 @@ BUDGET_NS = 1_000_000  # how long C waits before handing back to Python for a po
 # (they skip reading the destination in first: twice as fast from and to DRAM here, slower
 # for data that stays in cache).
 NT_BYTES = 16 << 20
-_warned = False
 
 
 def enabled() -> bool:
     """Whether arena calls run compiled: PYCOLLECTIVE_NATIVE is not 0 and the extension
     loads (if it does not, one warning says why)."""
-    global _warned
-    if os.environ.get("PYCOLLECTIVE_NATIVE", "1").strip() == "0":
+    if _config.get("PYCOLLECTIVE_NATIVE") == "0":
         return False
     if _native is None:
-        if not _warned:
-            _warned = True
+        if _config.first_time("native-missing"):
             warnings.warn(
                 f"pycollective._native is not available ({_MISSING}); the shared-memory "
                 "arena runs in Python (slower below a few MiB). Rebuild with `pip install -e .` "

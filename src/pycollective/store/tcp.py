@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from .. import _config
 from .._auth import accept_handshake, connect_handshake, secret_from_env
 from .._errors import AuthenticationError, StoreError, UsageError
 from .._netutil import connect_with_retry
@@ -43,7 +44,6 @@ PURPOSE = b"store"
 # How long past a request's own timeout a client waits for the answer before it decides
 # the server is hung: a live server always answers a timed-out wait by itself.
 _IO_MARGIN = 30.0
-_warned_unauthenticated = False
 
 
 def _as_secret(secret: bytes | str | None) -> bytes:
@@ -62,9 +62,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def _warn_unauthenticated(where: str) -> None:
-    global _warned_unauthenticated
-    if not _warned_unauthenticated:
-        _warned_unauthenticated = True
+    if _config.first_time("store-unauthenticated"):
         logger.warning(
             "store at %s listens beyond loopback with no shared secret: peers are not "
             "authenticated (set PYCOLLECTIVE_SECRET on every host)",

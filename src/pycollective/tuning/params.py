@@ -11,7 +11,8 @@ Where a host's parameters come from, first found wins: `PYCOLLECTIVE_COST_<TRANS
 "alpha,beta,gamma[,overhead[,msg_cpu,byte_cpu,call_cpu]]" (seconds, seconds per byte);
 the host's cache written by `pycollective calibrate` (_costcache.py); the defaults below.
 Every rank of a job prices with rank 0's parameters and CPU share (agree(), when the
-ranks connect), so all choose alike even when their hosts' caches differ.
+ranks connect; each World keeps them in its Tuning), so all choose alike even when their
+hosts' caches differ.
 See docs/cost_model.md.
 """
 
@@ -19,12 +20,11 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
-from .. import _launch_env
+from .. import _config, _launch_env
 from ..schedule.cost import CostParams
 from . import cache as _costcache
 
@@ -104,15 +104,9 @@ def source(transport: str) -> str:
 
 def cores() -> int:
     """CPUs this process's job may run on here (PYCOLLECTIVE_CORES overrides)."""
-    env = os.environ.get("PYCOLLECTIVE_CORES", "").strip()
-    if env:
-        try:
-            n = int(env)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise ValueError(f"PYCOLLECTIVE_CORES must be a whole number >= 1, got {env!r}")
-        return n
+    n = _config.get("PYCOLLECTIVE_CORES")
+    if n is not None:
+        return int(n)
     try:
         mine = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -176,73 +170,68 @@ def _calibrate_at_init() -> bool:
     """PYCOLLECTIVE_CALIBRATE: "1" calibrates at every init_process_group, "missing" only
     while this host's cache has no entry (and PYCOLLECTIVE_COST_TCP is unset); rank 0's
     setting decides for the job."""
-    mode = os.environ.get("PYCOLLECTIVE_CALIBRATE", "").strip().lower()
-    if mode in ("", "0", "off", "no", "false"):
-        return False
-    if mode in ("1", "on", "yes", "true", "always"):
-        return True
+    mode = _config.get("PYCOLLECTIVE_CALIBRATE")
     if mode == "missing":  # (with the cache off, it would calibrate every job: no)
         return _costcache.cache_dir() is not None and source("tcp") == "defaults"
-    # Only rank 0 reads this: an error here would leave the others waiting, so a warning.
-    warnings.warn(
-        f"PYCOLLECTIVE_CALIBRATE must be 1, 0 or missing, got {mode!r}: ignored", stacklevel=3
-    )
-    return False
-
-
-_job: JobCost | None = None  # the last job this process agreed with
+    return mode == "1"
 
 
 def agree(rank: int, world_size: int, store: Any, key: str, timeout: float) -> JobCost:
-    """Every rank gets rank 0's JobCost through the store (one key), and prices with it
-    from then on: ranks whose hosts have different caches or cores still choose alike."""
+    """Every rank gets rank 0's JobCost through the store (one key): ranks whose hosts have
+    different caches or cores then still choose alike."""
     if world_size <= 1 or store is None:
-        job = local_job_cost(world_size)
-    elif rank == 0:
+        return local_job_cost(world_size)
+    if rank == 0:
         job = local_job_cost(world_size)
         store.set(key, job.to_json().encode())
-    else:
-        job = JobCost.from_json(bytes(store.get(key, timeout)).decode())
-    adopt(job)
-    return job
+        return job
+    return JobCost.from_json(bytes(store.get(key, timeout)).decode())
 
 
-def job_wants_calibration() -> bool:
-    return _job is not None and _job.calibrate
+class Tuning:
+    """What one World prices `auto` with: the job's parameters (rank 0's, agreed when the
+    ranks connect) and, cached, each group size's share of the CPUs. Every World has its
+    own (the default group's and a torch backend's never touch each other); calibrating a
+    whole World replaces its job (adopt)."""
 
+    def __init__(self, job: JobCost | None = None) -> None:
+        self._job = job
+        self._groups: dict[tuple[str, int], CostParams] = {}
 
-def adopt(job: JobCost | None) -> None:
-    """Price with `job` from now on (after a calibration every rank agreed on)."""
-    global _job
-    _job = job
-    _groups.clear()
+    @property
+    def job(self) -> JobCost | None:
+        return self._job
 
+    @property
+    def wants_calibration(self) -> bool:
+        """Rank 0 asked every rank to calibrate now (its PYCOLLECTIVE_CALIBRATE)."""
+        return self._job is not None and self._job.calibrate
 
-def cost_params(transport: str) -> CostParams:
-    """The parameters this process prices with: the job's (rank 0's) once agreed, else
-    this host's. ranks_per_core is 1 here; group_params() applies the CPU share."""
-    job = _job
-    if job is not None and transport in job.params:
-        return job.params[transport]
-    return host_params(transport)
+    def adopt(self, job: JobCost | None) -> None:
+        """Price with `job` from now on (after a calibration every rank agreed on)."""
+        self._job = job
+        self._groups = {}
 
+    def params(self, transport: str) -> CostParams:
+        """The job's parameters (rank 0's) once agreed, else this host's; ranks_per_core
+        is 1 here, group_params() applies the CPU share."""
+        job = self._job
+        if job is not None and transport in job.params:
+            return job.params[transport]
+        return host_params(transport)
 
-_groups: dict[tuple[str, int], CostParams] = {}  # group_params() of the current _job
-
-
-def group_params(transport: str, group_size: int) -> CostParams:
-    """cost_params() with the CPU share of a group of this size on its hosts."""
-    key = (transport, group_size)
-    found = _groups.get(key)
-    if found is None:
-        job = _job or local_job_cost(group_size)
-        if transport not in job.params:
-            job = replace(job, params={**job.params, transport: cost_params(transport)})
-        found = _groups[key] = job.for_group(transport, group_size)
-    return found
+    def group_params(self, transport: str, group_size: int) -> CostParams:
+        """params() with the CPU share of a group of this size on its hosts."""
+        key = (transport, group_size)
+        found = self._groups.get(key)
+        if found is None:
+            job = self._job or local_job_cost(group_size)
+            if transport not in job.params:
+                job = replace(job, params={**job.params, transport: self.params(transport)})
+            found = self._groups[key] = job.for_group(transport, group_size)
+        return found
 
 
 def reload() -> None:
-    """Forget what was read and agreed (tests; a new calibration)."""
-    adopt(None)
+    """Forget what was read from the environment and the cache (tests; a new calibration)."""
     host_params.cache_clear()

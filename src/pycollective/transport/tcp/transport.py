@@ -16,7 +16,7 @@ import logging
 import socket
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from ..._errors import (
 from ...observe.timeline import WAIT as _WAIT
 from .. import _wire
 from .._base import ANY_SOURCE, InMessage, OutMessage, Transport
+from .._calls import CallTracker, describe_peer
 from .._wire import Header
 from .conn import RBUF_BYTES as _RBUF_BYTES
 from .conn import Conn as _Conn
@@ -50,7 +51,6 @@ DEFAULT_MAX_UNEXPECTED = 8 << 30  # bytes held for receives not yet posted
 FINISH_BYTES = 64 << 20
 FINISH_SECONDS = 1.0
 CLOSE_LINGER = 0.25  # seconds close() waits for peers to hang up too (see _linger)
-_HISTORY = 16  # collectives per group remembered to describe a stale frame
 _DIRECT_BYTES = 16 * 1024  # payload left beyond this skips the buffer
 _SINK_BYTES = 256 * 1024  # a sink's pieces: cache-sized, a multiple of every item size
 
@@ -117,15 +117,10 @@ class TCPTransport(Transport):
         self._abort_seq: dict[int, int] = {}  # group id -> the collective that failed
         self._closed = False
         self._sent_abort = False  # close() lingers so that the notice is read (_linger)
-        # Error paths: the collective each group runs (or last ran), to tell a peer's early
-        # or stale frame from a mismatch; the group of the exchange in progress; PROBEs
-        # from peers; and interrupt(), which wakes the selector from any thread.
-        self._current: dict[int, Header] = {}
-        # the last few collectives of each group, to describe what a stale frame met here
-        self._previous: dict[int, deque[Header]] = {}
-        self._active: int | None = None
-        self._probes: dict[tuple[int, int], Header] = {}  # (group, peer) -> its PROBE
-        self._probed: dict[int, tuple[int, int]] = {}  # peer -> (group, seq) we last probed
+        # Which collective each group runs, and the rules that tell a peer's early or stale
+        # frame from a mismatch (sans-IO, _calls.py); and interrupt(), which wakes the
+        # poller from any thread.
+        self._calls = CallTracker(rank)
         self._interrupted: str | None = None
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -154,9 +149,9 @@ class TCPTransport(Transport):
         for m in sends:
             self._check_peer(m.peer)
         try:
-            self._active = group
+            self._calls.active = group
             if current is not None:
-                self._begin(group, current)
+                self._calls.begin(group, current, self._early(group))
             for m in recvs:
                 # A message already here counts even if its sender has since left.
                 self._post(m)
@@ -170,7 +165,7 @@ class TCPTransport(Transport):
             self._drop_unsent(sends)
             raise
         finally:
-            self._active = None
+            self._calls.active = None
 
     def check_group(self, group: int, seq: int | None = None, call: Header | None = None) -> None:
         """Raise now if a peer reported that `group` failed (in collective `seq` or before;
@@ -184,8 +179,15 @@ class TCPTransport(Transport):
         self._pump(0.0)
         self._raise_if_aborted(group, seq)
         if call is not None:
-            self._begin(group, call)
-            self._check_stale(group, call.seq)
+            self._calls.begin(group, call, self._early(group))
+            self._calls.check_stale(group, call.seq, self._early(group))
+
+    def _early(self, group: int) -> Iterator[tuple[int, Header]]:
+        """(peer, header) of `group`'s DATA frames that came before their receive."""
+        for key, stashed in self._unexpected.items():
+            if key[0] == _wire.DATA and key[1] == group:
+                for peer, got, _payload in stashed:
+                    yield peer, got
 
     def interrupt(self, reason: str) -> None:
         """Make the exchange in progress (in any thread), and every later one, raise
@@ -301,57 +303,6 @@ class TCPTransport(Transport):
         if conn.lost is not None:
             raise TransportError(f"rank {peer} is unreachable: {conn.lost}", peer=peer)
 
-    def _begin(self, group: int, header: Header) -> None:
-        """Note the collective `group` is running. When it is a new one, check the frames
-        peers sent early: one that contradicts it, or that belongs to an earlier collective
-        nobody received, means the ranks called different things (else that frame would
-        sit unread forever while the ranks compute on)."""
-        current = self._current.get(group)
-        if current is not None and current.seq == header.seq:
-            return
-        if current is not None:
-            history = self._previous.get(group)
-            if history is None:
-                history = self._previous[group] = deque(maxlen=_HISTORY)
-            history.append(current)
-        self._current[group] = header
-        self._check_stashed(group, header)
-        if self._probes:
-            for (g, peer), got in list(self._probes.items()):
-                if g != group or got.seq > header.seq:
-                    continue
-                del self._probes[(g, peer)]
-                ours = header if got.seq == header.seq else current
-                if ours is not None and ours.seq == got.seq:
-                    diffs = _wire.meta_differences(got, ours)
-                    if diffs:
-                        self._mismatch(peer, got, ours, diffs)
-
-    def _check_stale(self, group: int, seq: int) -> None:
-        """Before `group`'s collective `seq`: a frame of an earlier one still unread will
-        never be (that collective finished here without it) - e.g. two ranks that both
-        thought they were the root and only sent, and then went on in the arena."""
-        for key, stashed in self._unexpected.items():
-            if key[0] == _wire.DATA and key[1] == group and key[2] < seq:
-                for peer, got, _payload in stashed:
-                    current = self._current.get(group)
-                    self._stale(peer, got, current if current is not None else got)
-
-    def _check_stashed(self, group: int, header: Header) -> None:
-        """Frames of `group` that came early: one of an earlier collective (nobody will
-        receive it now) or one contradicting `header` means the ranks called different things."""
-        if not self._unexpected:
-            return
-        for key, stashed in self._unexpected.items():
-            if key[0] != _wire.DATA or key[1] != group or key[2] > header.seq:
-                continue
-            for peer, got, _payload in stashed:
-                if got.seq < header.seq:
-                    self._stale(peer, got, header)
-                diffs = _wire.meta_differences(got, header)
-                if diffs:
-                    self._mismatch(peer, got, header, diffs)
-
     def _post(self, m: InMessage) -> None:
         key = m.expect.key
         # A message that came early is delivered from where it was kept.
@@ -363,7 +314,7 @@ class TCPTransport(Transport):
                     if not queue:
                         del self._unexpected[key]
                     self._unexpected_bytes -= payload.nbytes
-                    self._check_match(peer, header, m)
+                    self._calls.check_match(peer, header, m.expect, m.dest.nbytes)
                     _deliver(m, payload)
                     self._complete(m, peer, header)
                     return
@@ -392,7 +343,7 @@ class TCPTransport(Transport):
             got = conn.got
             if m.sink is not None and got % m.align:
                 continue  # a piece would split an item: delivered whole when it is in
-            self._check_match(conn.peer, header, m)
+            self._calls.check_match(conn.peer, header, m.expect, m.dest.nbytes)
             if got:
                 _deliver(m, conn.stash[:got])
             self._unexpected_bytes -= header.nbytes
@@ -513,26 +464,16 @@ class TCPTransport(Transport):
             self._send_probe(m.peer, m.expect)
 
     def _send_probe(self, peer: int, e: Header) -> None:
-        self._probed[peer] = (e.group, e.seq)
+        self._calls.probing(peer, e)
         header = Header(
             _wire.PROBE, e.kind, e.dtype, e.op, e.algo, e.group, e.seq, 0, e.root, e.count, 0
         )
         self._enqueue(OutMessage(peer, header, memoryview(b"")))
 
     def _on_probe(self, peer: int, got: Header) -> None:
-        current = self._current.get(got.group)
-        if got.group == self._active and current is not None and current.seq == got.seq:
-            diffs = _wire.meta_differences(got, current)
-            if diffs:
-                self._mismatch(peer, got, current, diffs)
-            if self._probed.get(peer) != (got.group, got.seq):
-                # Answer once: then a peer that times out waiting on us can say we were
-                # in the same call, waiting in turn (on someone else), not absent.
-                self._send_probe(peer, current)
-        elif current is None or got.seq >= current.seq:
-            # checked when this group next runs (_begin); raising now would blame
-            # whatever other group's exchange happens to be in progress
-            self._probes[(got.group, peer)] = got
+        reply = self._calls.on_probe(peer, got)
+        if reply is not None:
+            self._send_probe(peer, reply)
 
     def _pump(self, timeout: float) -> None:
         """Wait up to `timeout` for sockets to be ready, then make every bit of progress."""
@@ -579,14 +520,9 @@ class TCPTransport(Transport):
             return f"rank {peer}: unknown"
         if conn.lost is not None:
             return f"rank {peer}: connection lost ({conn.lost})"
-        h = conn.last
-        if h is None:
+        if conn.last is None:
             return f"rank {peer}: has sent nothing since the job started"
-        if h.frame == _wire.PROBE:
-            return f"rank {peer}: was waiting in {h.describe()}"
-        if h.frame == _wire.ABORT:
-            return f"rank {peer}: reported a failure in call #{h.seq}"
-        return f"rank {peer}: last sent data of {h.describe()}"
+        return describe_peer(peer, conn.last)
 
     def _raise_if_lost(self, peer: int) -> None:
         if peer == ANY_SOURCE:
@@ -840,62 +776,15 @@ class TCPTransport(Transport):
             queue = self._posted_any.get(key)
         if queue:
             m = queue[0]
-            self._check_match(peer, header, m)
+            self._calls.check_match(peer, header, m.expect, m.dest.nbytes)
             queue.popleft()
             if not queue:
                 self._posted.pop((peer, key), None)
                 self._posted_any.pop(key, None)
             return m
         if header.frame == _wire.DATA:
-            self._check_early(peer, header)
+            self._calls.arrived_early(peer, header)
         return None
-
-    def _check_match(self, peer: int, got: Header, m: InMessage) -> None:
-        want = m.expect
-        diffs = _wire.meta_differences(got, want) if got.frame == _wire.DATA else []
-        if got.frame == _wire.P2P and got.dtype != want.dtype:
-            diffs.append("dtype")
-        if not diffs and got.nbytes != m.dest.nbytes:
-            diffs.append("bytes")
-        if diffs:
-            self._mismatch(peer, got, want, diffs)
-
-    def _check_early(self, peer: int, got: Header) -> None:
-        """A DATA frame nobody waits for yet: fine if it belongs to a later step or collective,
-        a mismatch if it contradicts the collective in progress or belongs to an earlier one."""
-        if got.group != self._active:
-            return  # another group's business: checked when that group runs (_begin)
-        want = self._current.get(got.group)
-        if want is None:
-            return
-        if got.seq == want.seq:
-            diffs = _wire.meta_differences(got, want)
-            if diffs:
-                self._mismatch(peer, got, want, diffs)
-        elif got.seq < want.seq:
-            self._stale(peer, got, want)
-
-    def _stale(self, peer: int, got: Header, current: Header) -> None:
-        """A frame of a collective this rank already finished without it: the ranks' calls
-        differed. Name what this rank called then, if remembered, else what it runs now."""
-        for before in self._previous.get(got.group, ()):
-            if before.seq == got.seq:
-                diffs = _wire.meta_differences(got, before)
-                if diffs:
-                    self._mismatch(peer, got, before, diffs)
-        self._mismatch(peer, got, current, ["sequence number"])
-
-    def _mismatch(self, peer: int, got: Header, want: Header, diffs: list[str]) -> None:
-        # all_to_all's header carries no count (splits may differ by rank): say the sizes
-        sizes = (
-            f" ({got.nbytes} bytes arrived where {want.nbytes} were expected)"
-            if "bytes" in diffs and got.frame == _wire.DATA
-            else ""
-        )
-        raise MismatchError(
-            f"collective mismatch ({', '.join(diffs)} differ): rank {self.rank} called "
-            f"{want.describe()} but rank {peer} called {got.describe()}{sizes}"
-        )
 
     def _on_payload(self, conn: _Conn) -> None:
         header = conn.cur

@@ -1,0 +1,130 @@
+"""The runner of every algorithm in schedule/: a schedule built for this rank (once per
+distinct call, then cached as a Plan) executed over the transport by executor.py. `auto`
+prices every schedule of the collective with the World's cost parameters and takes the
+cheapest (schedule/cost.py); it serves every group, so it comes last in the registry."""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+
+from .. import schedule
+from ..schedule.cost import CostParams
+from ..tuning.params import CHAIN_SEGMENT_BYTES
+from ._base import BaseRunner, Call, Members, Need, Spec
+from .executor import Plan, make_plan, run_schedule
+
+log = logging.getLogger("pycollective")
+
+
+class ScheduledRunner(BaseRunner):
+    """Runs the schedules of schedule/ over the group's transport."""
+
+    def __init__(self, members: Members) -> None:
+        self.members = members
+
+    @classmethod
+    def set_up(cls, members: Members, need: Need) -> ScheduledRunner:
+        return cls(members)
+
+    @staticmethod
+    def names(collective: str) -> tuple[str, ...]:
+        return schedule.ALGORITHMS[collective]
+
+    def offers(self, collective: str) -> tuple[str, ...]:
+        return schedule.ALGORITHMS[collective]
+
+    def choose(self, spec: Spec) -> str:
+        names = schedule.ALGORITHMS[spec.collective]
+        if len(names) == 1:
+            return names[0]
+        m = self.members
+        # The job's parameters (rank 0's: the same on every rank), with the group's CPU share.
+        params = m.tuning.group_params(m.transport_name, m.size)
+        best = _select(
+            params, spec.collective, m.size, _size_class(spec.count), spec.dtype.itemsize
+        )
+        log.debug(
+            "auto chose %s for %s of %d x %s on %d ranks",
+            best,
+            spec.collective,
+            spec.count,
+            spec.dtype.name,
+            m.size,
+        )
+        return best
+
+    def prepare(self, spec: Spec, algorithm: str) -> Plan:
+        m = self.members
+        segment = max(1, CHAIN_SEGMENT_BYTES // spec.dtype.itemsize)
+        return _cached_plan(
+            spec.collective,
+            algorithm,
+            m.me,
+            m.size,
+            spec.count,
+            spec.root,
+            segment,
+            spec.send_counts,
+            spec.recv_counts,
+        )
+
+    def run(self, call: Call) -> None:
+        m = self.members
+        if m.transport is None and m.size > 1:  # pragma: no cover - a World always has one
+            raise RuntimeError("a group of several ranks without a transport")
+        run_schedule(
+            call.plan,
+            call.arrays,
+            call.spec.dtype,
+            call.kernel,
+            m.transport,  # type: ignore[arg-type]  # None only for one rank: no messages
+            m.ranks,
+            call.header,
+            call.deadline,
+            m.pool,
+            call.label,
+        )
+
+
+@lru_cache(maxsize=4096)
+def _cached_plan(
+    collective: str,
+    algorithm: str,
+    rank: int,
+    size: int,
+    count: int,
+    root: int,
+    segment: int,
+    send_counts: tuple[int, ...] | None,
+    recv_counts: tuple[int, ...] | None,
+) -> Plan:
+    """This rank's schedule, digested for the executor; built once per distinct call."""
+    return make_plan(
+        schedule.build(
+            collective,
+            algorithm,
+            rank,
+            size,
+            count,
+            root=root,
+            segment=segment,
+            send_counts=send_counts,
+            recv_counts=recv_counts,
+        )
+    )
+
+
+def _size_class(count: int) -> int:
+    """Counts are priced at the next power of two, so auto's choice is cached per octave
+    instead of recomputed for every new size (pricing builds every rank's schedule)."""
+    return 0 if count <= 0 else 1 << (count - 1).bit_length()
+
+
+@lru_cache(maxsize=2048)
+def _select(params: CostParams, collective: str, size: int, count: int, itemsize: int) -> str:
+    """The cheapest schedule under `params` (a pure function: cached by its arguments, so
+    new parameters after a calibration simply miss)."""
+    segment = max(1, CHAIN_SEGMENT_BYTES // itemsize)
+    # Costs do not depend on the root (schedules are built relative to it): price root 0.
+    return schedule.cost.select(collective, size, count, itemsize, params, segment=segment)

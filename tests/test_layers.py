@@ -1,0 +1,365 @@
+"""The house rules of the package's layout (docs/architecture.md), checked on the source:
+
+* imports only go downward: api -> core -> runners -> {schedule, shm, transport, tuning,
+  store} -> observe -> leaves (LAYERS below says exactly what each layer may import);
+* no import cycles (computed from the import graph, named when found);
+* no module imports the package from inside a function (the way cycles used to hide);
+* no mutable module-level state outside the documented registries (REGISTRIES).
+
+Sans-IO: the source is parsed with `ast`, nothing is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = "pycollective"
+
+# Each layer and the layers it may import (besides itself). "leaf" are the modules at the
+# top of the package named _x.py (and the compiled _native); "top" are the package root,
+# the subcommands and the integrations built on the API.
+LAYERS: dict[str, set[str]] = {
+    "leaf": set(),
+    "observe": {"leaf"},
+    "schedule": {"leaf"},
+    "store": {"leaf"},
+    "transport": {"observe", "leaf"},
+    "shm": {"observe", "leaf"},
+    "tuning": {"schedule", "leaf"},
+    "runners": {"transport", "shm", "schedule", "tuning", "store", "observe", "leaf"},
+    "core": {"runners", "transport", "shm", "schedule", "tuning", "store", "observe", "leaf"},
+    "api": {
+        "core",
+        "runners",
+        "transport",
+        "shm",
+        "schedule",
+        "tuning",
+        "store",
+        "observe",
+        "leaf",
+    },
+    "top": {
+        "top",
+        "api",
+        "core",
+        "runners",
+        "transport",
+        "shm",
+        "schedule",
+        "tuning",
+        "store",
+        "observe",
+        "leaf",
+    },
+}
+FOLDERS = {
+    "observe",
+    "schedule",
+    "store",
+    "transport",
+    "shm",
+    "tuning",
+    "runners",
+    "core",
+    "api",
+}
+
+# Module-level state that is allowed, each with the reason it exists (the only ones).
+REGISTRIES: dict[tuple[str, str], str] = {
+    ("pycollective.api._default", "DEFAULT"): "torch's API is module-level: the default group",
+    ("pycollective._config", "_SAID"): "one-time warnings already given by this process",
+    ("pycollective.observe.flight", "_current"): "the recorder SIGUSR1 dumps (weak)",
+    ("pycollective.observe.flight", "_signal_installed"): "the SIGUSR1 handler, installed once",
+    ("pycollective.observe.timeline", "_current"): "one timeline per process, for every World",
+    ("pycollective.observe.timeline", "WAIT"): "seconds blocked on peers, while a timeline records",
+    ("pycollective.shm.shared", "_REGISTRY"): "this process's live shared-memory blocks",
+    ("pycollective._serialize", "_chosen"): "the object serializer chosen by use()",
+    ("pycollective.torch._store", "_alive"): "torch keeps only the C++ half of our stores",
+}
+
+_MUTATORS = {
+    "append",
+    "extend",
+    "insert",
+    "add",
+    "update",
+    "setdefault",
+    "pop",
+    "popitem",
+    "clear",
+    "remove",
+    "discard",
+    "appendleft",
+    "popleft",
+}
+_CONTAINERS = {"dict", "list", "set", "deque", "defaultdict", "OrderedDict", "Counter"}
+
+
+# ---------------------------------------------------------------------- the graph
+
+
+def module_files(root: Path = SRC, package: str = PACKAGE) -> dict[str, Path]:
+    """Every module of the package and its file (a compiled extension counts as the
+    folder of its sources or its built library: _native)."""
+    out = {}
+    for path in sorted((root / package).glob("*.so")) + sorted((root / package).glob("*.c")):
+        out[f"{package}.{path.name.split('.')[0]}"] = path
+    native = root / package / "_native"
+    if native.is_dir() and not (native / "__init__.py").exists():
+        out[f"{package}._native"] = native
+    for path in sorted((root / package).rglob("*.py")):
+        rel = path.relative_to(root).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _is_package(path: Path) -> bool:
+    return path.name == "__init__.py"
+
+
+def _resolve(module: str, is_pkg: bool, level: int, target: str | None) -> str:
+    base = module.split(".")
+    if not is_pkg:
+        base = base[:-1]
+    if level > 1:
+        base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([target] if target else []))
+
+
+def _type_checking(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    )
+
+
+def imports(
+    module: str, path: Path, known: set[str], package: str = PACKAGE
+) -> list[tuple[str, bool, int]]:
+    """(imported module, inside a function?, line) for every import of the package."""
+    tree = ast.parse(path.read_text(), str(path))
+    found: list[tuple[str, bool, int]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if _type_checking(child):
+                continue  # type-only imports run nothing
+            inner = in_function or isinstance(
+                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+            )
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    if alias.name.split(".")[0] == package:
+                        found.append((alias.name, in_function, child.lineno))
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = _resolve(module, _is_package(path), child.level, child.module)
+                else:
+                    base = child.module or ""
+                if base.split(".")[0] != package:
+                    continue
+                for alias in child.names:
+                    sub = f"{base}.{alias.name}"
+                    found.append((sub if sub in known else base, in_function, child.lineno))
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "top"
+    if parts[1] in FOLDERS:
+        return parts[1]
+    if len(parts) == 2 and parts[1].startswith("_") and parts[1] != "__main__":
+        return "leaf"
+    return "top"  # __main__, cli, torch, ps, elastic, ...
+
+
+def graph(root: Path = SRC, package: str = PACKAGE) -> dict[str, set[str]]:
+    files = module_files(root, package)
+    known = set(files)
+    edges: dict[str, set[str]] = {m: set() for m in files}
+    for module, path in files.items():
+        if path.suffix != ".py":
+            continue  # compiled: imports nothing of ours
+        for target, _, _ in imports(module, path, known, package):
+            if target in known and target != module:
+                edges[module].add(target)
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each in order."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            strong(v)
+    return out
+
+
+# ---------------------------------------------------------------------- the rules
+
+
+def test_no_import_cycles() -> None:
+    found = cycles(graph())
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_a_planted_cycle_is_found(tmp_path) -> None:
+    """The cycle check on a small package with a cycle a -> b -> c -> a hidden behind a
+    relative import: it must name all three."""
+    pkg = tmp_path / "planted"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .sub import b\n")
+    (pkg / "sub" / "b.py").write_text("from ..c import thing\n")
+    (pkg / "c.py").write_text("from . import a\nthing = 1\n")
+    (pkg / "d.py").write_text("from . import a\n")  # depends on the cycle, not in it
+    assert cycles(graph(tmp_path, "planted")) == [["planted.a", "planted.c", "planted.sub.b"]]
+
+
+def test_imports_only_go_downward() -> None:
+    files = module_files()
+    bad = []
+    for module, targets in graph().items():
+        mine = layer(module)
+        for target in sorted(targets):
+            theirs = layer(target)
+            if theirs != mine and theirs not in LAYERS[mine]:
+                bad.append(f"{module} ({mine}) imports {target} ({theirs})")
+    assert files and not bad, "imports going up the layers:\n" + "\n".join(bad)
+
+
+def test_no_package_imports_inside_functions() -> None:
+    files = module_files()
+    known = set(files)
+    bad = [
+        f"{files[m].relative_to(SRC)}:{line} imports {target}"
+        for m in files
+        if files[m].suffix == ".py"
+        for target, in_function, line in imports(m, files[m], known)
+        if in_function
+    ]
+    assert not bad, "imports of the package inside functions (import at the top):\n" + "\n".join(
+        bad
+    )
+
+
+def _state_names(module: str, path: Path) -> set[str]:
+    """Module-level names this module treats as mutable state: assigned with `global` in
+    a function, or bound at module level to a container (or an object) that the module
+    then changes in place."""
+    tree = ast.parse(path.read_text(), str(path))
+    state: set[str] = set()
+    bound: dict[str, str] = {}  # name -> "container" | "object"
+    for node in tree.body:
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        kind = None
+        if isinstance(value, (ast.Dict, ast.List, ast.Set)):
+            kind = "container"
+        elif isinstance(value, ast.Call):
+            fn = value.func
+            name = fn.id if isinstance(fn, ast.Name) else getattr(fn, "attr", "")
+            kind = "container" if name in _CONTAINERS else "object"
+        for t in targets:
+            if isinstance(t, ast.Name) and kind:
+                bound[t.id] = kind
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            state.update(node.names)
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name):
+                    if bound.get(t.value.id) == "container":
+                        state.add(t.value.id)
+                elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name):
+                    if bound.get(t.value.id) == "object":
+                        state.add(t.value.id)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            if (
+                isinstance(owner, ast.Name)
+                and node.func.attr in _MUTATORS
+                and bound.get(owner.id) == "container"
+            ):
+                state.add(owner.id)
+    return state
+
+
+def test_module_state_only_in_documented_registries() -> None:
+    bad = []
+    for module, path in module_files().items():
+        if path.suffix != ".py":
+            continue
+        for name in sorted(_state_names(module, path)):
+            if (module, name) not in REGISTRIES:
+                bad.append(f"{module}.{name}")
+    assert not bad, (
+        "mutable module-level state outside the registries of tests/test_layers.py "
+        "(keep state on the World or the group; a warn-once flag is _config.first_time):\n"
+        + "\n".join(bad)
+    )
+
+
+@pytest.mark.parametrize(
+    "module, expected",
+    [
+        ("pycollective._errors", "leaf"),
+        ("pycollective.observe.flight", "observe"),
+        ("pycollective.runners.arena", "runners"),
+        ("pycollective.cli.run", "top"),
+        ("pycollective.torch._backend", "top"),
+        ("pycollective", "top"),
+        ("pycollective.__main__", "top"),
+    ],
+)
+def test_layer_names(module: str, expected: str) -> None:
+    assert layer(module) == expected
