@@ -117,6 +117,16 @@ COST = Kind(
     _cost,
     "alpha,beta,gamma[,overhead[,msg_cpu,byte_cpu,call_cpu]] (seconds, seconds per byte; >= 0)",
 )
+def _bounds(text: str) -> tuple[int, int]:
+    low, _, high = text.partition(":")
+    lo, hi = int(low), int(high)
+    if not 1 <= lo <= hi:
+        raise ValueError(text)
+    return lo, hi
+
+
+BOUNDS = Kind(_bounds, "MIN:MAX, whole numbers with 1 <= MIN <= MAX")
+ROLES = _choice("worker", "server")
 PATH = _text("a path")
 NAME = _text("a non-empty string")
 ALGORITHM = _text("auto or an algorithm name of that collective (pycollective.algorithms)")
@@ -296,9 +306,24 @@ def _vars() -> tuple[Var, ...]:
         ),
         Var(
             "PYCOLLECTIVE_ROLE",
-            _choice("worker", "server"),
+            ROLES,
             None,
             "This rank's role in a parameter-server job.",
+            "launcher",
+        ),
+        Var(
+            "PYCOLLECTIVE_RESTART_COUNT",
+            COUNT,
+            None,
+            "Which attempt of the job this is (pycollective run --max-restarts; torchrun's "
+            "TORCHELASTIC_RESTART_COUNT too).",
+            "launcher",
+        ),
+        Var(
+            "PYCOLLECTIVE_ELASTIC",
+            BOUNDS,
+            None,
+            "The elastic bounds of the job (pycollective run --elastic MIN:MAX).",
             "launcher",
         ),
     ]
