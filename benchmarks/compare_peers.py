@@ -51,13 +51,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import _deepspeed
 import numpy as np
 
 from pycollective._netutil import free_port
 from pycollective.cli.bench import human, parse_size, sizes
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # its sibling modules, also when imported as benchmarks.compare_peers
+import _deepspeed  # noqa: E402
+
 REPO = HERE.parent
 WORKER = HERE / "_peers_worker.py"
 DEFAULT_JSON = HERE / "results" / "compare_peers.json"
