@@ -117,6 +117,8 @@ COST = Kind(
     _cost,
     "alpha,beta,gamma[,overhead[,msg_cpu,byte_cpu,call_cpu]] (seconds, seconds per byte; >= 0)",
 )
+
+
 def _bounds(text: str) -> tuple[int, int]:
     low, _, high = text.partition(":")
     lo, hi = int(low), int(high)

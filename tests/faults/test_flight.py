@@ -11,7 +11,7 @@ import sys
 import pytest
 from tests._launch import REPO, run_ranks
 
-from pycollective._errors import CollectiveTimeout, TransportError
+from pycollective._errors import CollectiveTimeout, TransportError, UsageError
 from pycollective.observe import diagnose
 from pycollective.observe import flight as _flight
 
@@ -59,8 +59,11 @@ def test_disabled_recorder_records_and_dumps_nothing(tmp_path) -> None:
 def test_capacity_comes_from_the_environment(monkeypatch) -> None:
     monkeypatch.setenv("PYCOLLECTIVE_FLIGHT_RECORDER", "5")
     assert _flight.FlightRecorder(0, 1).capacity == 5
-    monkeypatch.setenv("PYCOLLECTIVE_FLIGHT_RECORDER", "nonsense")
+    monkeypatch.delenv("PYCOLLECTIVE_FLIGHT_RECORDER")
     assert _flight.FlightRecorder(0, 1).capacity == _flight.DEFAULT_ENTRIES
+    monkeypatch.setenv("PYCOLLECTIVE_FLIGHT_RECORDER", "nonsense")
+    with pytest.raises(UsageError, match="PYCOLLECTIVE_FLIGHT_RECORDER='nonsense'.*whole number"):
+        _flight.FlightRecorder(0, 1)
 
 
 @pytest.mark.timeout(60)

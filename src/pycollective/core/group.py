@@ -133,6 +133,7 @@ class ProcessGroup:
         runner, algo = self._pick(spec, _config.algorithm_choice(spec.collective, algorithm))
         op = key[4]
         prepared = _Prepared(
+            spec,
             runner,
             algo,
             ALGO_CODE[algo],
@@ -180,16 +181,12 @@ class ProcessGroup:
             send_counts,
             recv_counts,
         )
-        spec = Spec(
-            collective,
-            count,
-            dtype,
-            int(op) if op is not None else 0,
-            root,
-            send_counts,
-            recv_counts,
-        )
-        prepared = self._prepared.get(key) or self._prepare(key, spec, algorithm)
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            op_code = int(op) if op is not None else 0
+            spec = Spec(collective, count, dtype, op_code, root, send_counts, recv_counts)
+            prepared = self._prepare(key, spec, algorithm)
+        spec = prepared.spec
         algo = prepared.algorithm
         seq = self._seq
         self._seq += 1
@@ -301,10 +298,11 @@ class _Prepared:
     needs, worked out once: its runner and algorithm, the reduction kernel, the runner's
     plan, and the group's other runners that note each call (runners/_base.py)."""
 
-    __slots__ = ("runner", "algorithm", "algo_code", "kernel", "plan", "noted")
+    __slots__ = ("spec", "runner", "algorithm", "algo_code", "kernel", "plan", "noted")
 
     def __init__(
         self,
+        spec: Spec,
         runner: Runner,
         algorithm: str,
         algo_code: int,
@@ -312,6 +310,7 @@ class _Prepared:
         plan: Any,
         noted: tuple[Runner, ...],
     ) -> None:
+        self.spec = spec
         self.runner = runner
         self.algorithm = algorithm
         self.algo_code = algo_code

@@ -242,14 +242,7 @@ class TCPTransport(Transport):
         # Linger only after telling peers why we fail: then the notice must reach them.
         self._linger(CLOSE_LINGER if self._sent_abort else 0.0)
         for conn in self._conns.values():
-            try:
-                self._sel.unregister(conn.sock)
-            except (KeyError, ValueError):
-                pass
-            try:
-                conn.sock.close()
-            except OSError:
-                pass
+            self._hang_up(conn)
         self._sel.close()
         self._unexpected.clear()
 
@@ -569,10 +562,11 @@ class TCPTransport(Transport):
         if conn.lost is not None:
             return
         conn.lost = reason
-        try:
-            self._sel.unregister(conn.sock)
-        except (KeyError, ValueError):
-            pass
+        self._hang_up(conn)
+
+    def _hang_up(self, conn: _Conn) -> None:
+        """Stop polling a connection and close its socket (either may be done already)."""
+        self._sel.unregister(conn.sock)
         try:
             conn.sock.close()
         except OSError:
