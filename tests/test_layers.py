@@ -80,6 +80,16 @@ REGISTRIES: dict[tuple[str, str], str] = {
     ("pycollective.shm.shared", "_REGISTRY"): "this process's live shared-memory blocks",
     ("pycollective._serialize", "_chosen"): "the object serializer chosen by use()",
     ("pycollective.torch._store", "_alive"): "torch keeps only the C++ half of our stores",
+    ("pycollective.torch._work", "_alive"): "a C++ Work outlives its Python object: getFuture",
+    ("pycollective.torch._work", "_sweep_at"): "when to sweep _alive next",
+    ("pycollective.torch._work", "_levels"): "one completion thread per nesting of callbacks",
+    ("pycollective.torch._work", "_tls"): "which completion level a thread runs (thread-local)",
+    ("pycollective.torch._work", "_flavours"): "cache: our error classes mixed with torch's",
+    (
+        "pycollective.torch._backend",
+        "_calls",
+    ): "whether the call being issued is async (per thread)",
+    ("pycollective._buffers", "_torch_dtypes"): "cache: torch dtype -> ours, filled on first use",
 }
 
 _MUTATORS = {
