@@ -30,6 +30,7 @@ BAD = {
     _config.COST: ["1,2", "a,b,c", "1,2,3,4,5", "-1,1,1"],
     _config.BOUNDS: ["4", "3:2", "0:2", "a:b"],
     _config.ROLES: ["boss"],
+    _config.DEBUG_LEVELS: ["verbose", "1"],
 }
 
 

@@ -62,7 +62,7 @@ def _number(
 
 
 def _choice(*names: str, aliases: Mapping[str, str] | None = None) -> Kind:
-    table = {n: n for n in names} | dict(aliases or {})
+    table = {n.lower(): n for n in names} | dict(aliases or {})
 
     def parse(text: str) -> str:
         key = text.strip().lower()
@@ -129,6 +129,7 @@ def _bounds(text: str) -> tuple[int, int]:
 
 BOUNDS = Kind(_bounds, "MIN:MAX, whole numbers with 1 <= MIN <= MAX")
 ROLES = _choice("worker", "server")
+DEBUG_LEVELS = _choice("INFO", "DETAIL", "OFF")
 PATH = _text("a path")
 NAME = _text("a non-empty string")
 ALGORITHM = _text("auto or an algorithm name of that collective (pycollective.algorithms)")
@@ -265,6 +266,13 @@ def _vars() -> tuple[Var, ...]:
             SWITCH,
             "1",
             "0: arena waits sleep in short naps instead of on a futex.",
+        ),
+        Var(
+            "PYCOLLECTIVE_DEBUG",
+            DEBUG_LEVELS,
+            None,
+            "INFO: log the rendezvous and the algorithm each distinct call runs; DETAIL: "
+            "also every call (NCCL_DEBUG's habit; see pycollective/_log.py).",
         ),
         Var(
             "PYCOLLECTIVE_NATIVE",

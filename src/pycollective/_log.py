@@ -16,10 +16,10 @@ Off costs a level check per call (Logger.isEnabledFor, cached by logging).
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from collections.abc import Mapping
 
+from . import _config
 from ._errors import UsageError
 
 LOGGER = logging.getLogger("pycollective")
@@ -36,13 +36,8 @@ class _DebugHandler(logging.StreamHandler):
 
 def debug_level(env: Mapping[str, str] | None = None) -> int | None:
     """The level PYCOLLECTIVE_DEBUG asks for (None: off); UsageError for a bad value."""
-    raw = (os.environ if env is None else env).get(VARIABLE, "")
-    value = raw.strip().upper()
-    if value == "":
-        return None
-    if value not in LEVELS:
-        raise UsageError(f"{VARIABLE}={raw!r} is not a debug level; use INFO, DETAIL or OFF")
-    return LEVELS[value]
+    value = _config.get(VARIABLE, env)
+    return None if value is None else LEVELS[value]
 
 
 def configure(env: Mapping[str, str] | None = None) -> None:

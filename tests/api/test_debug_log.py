@@ -91,7 +91,7 @@ def test_off_by_default_quiet_and_cheap(monkeypatch):
 
 def test_a_bad_level_is_named(monkeypatch):
     monkeypatch.setenv("PYCOLLECTIVE_DEBUG", "verbose")
-    with pytest.raises(UsageError, match=r"PYCOLLECTIVE_DEBUG='verbose' .* INFO, DETAIL or OFF"):
+    with pytest.raises(UsageError, match=r"PYCOLLECTIVE_DEBUG='verbose' .* INFO \| DETAIL \| OFF"):
         dist.init_process_group()
     assert not dist.is_initialized()
     monkeypatch.setenv("PYCOLLECTIVE_DEBUG", "OFF")
