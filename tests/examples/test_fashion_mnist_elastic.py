@@ -50,15 +50,16 @@ def test_a_restarted_job_resumes_from_its_checkpoint(synthetic):
 @pytest.mark.timeout(240)
 def test_elastic_mode_loses_a_worker_takes_a_replacement_and_stays_identical(synthetic):
     log = synthetic / "steps.jsonl"
-    res = _run(synthetic, ["-n", "3", "--elastic", "2:3", "--max-restarts", "1"],
+    # two workers (the fewest torch processes): one is killed, the other goes on alone
+    res = _run(synthetic, ["-n", "2", "--elastic", "1:2", "--max-restarts", "1"],
                "--mode", "elastic", "--samples", "12000", "--batch", "24", "--kill-at", "12",
-               "--kill-rank", "2", "--steps-log", str(log))  # fmt: skip
+               "--kill-rank", "1", "--steps-log", str(log))  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "rank 2 was killed by SIGKILL; 2 ranks go on and rank 3 starts to replace it" in (
+    assert "rank 1 was killed by SIGKILL; 1 rank goes on and rank 2 starts to replace it" in (
         res.stderr
     )
     finals = [json.loads(m) for m in re.findall(r"^\[rank \d\]: FINAL (\{.*\})$", res.stdout, re.M)]
-    assert sorted(f["launcher_rank"] for f in finals) == ["0", "1", "3"]
+    assert sorted(f["launcher_rank"] for f in finals) == ["0", "2"]
     assert len({f["digest"] for f in finals}) == 1  # bit for bit, the replacement too
     assert {f["step"] for f in finals} == {500}
     lines = [json.loads(line) for line in log.read_text().splitlines()]
@@ -67,5 +68,5 @@ def test_elastic_mode_loses_a_worker_takes_a_replacement_and_stays_identical(syn
     # every update committed once, in order, none lost: the curve has no gap
     assert [s["step"] for s in steps] == list(range(1, 501))
     members = [s["members"] for s in steps]
-    assert members[0] == 3 and 2 in members and members[-1] == 3  # lost one, got one back
+    assert members[0] == 2 and 1 in members and members[-1] == 2  # lost one, got one back
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(steps[:-1], steps[1:], strict=True)) < 2.5

@@ -424,7 +424,9 @@ class _Job:
             self.tolerated.append(r)
             self.ranks.remove(r)
             _killpg(r.proc.pid, signal.SIGKILL)  # whatever it started goes with it
-            text = f"rank {r.rank} {describe_exit(r.returncode or 0)}; {len(running)} ranks go on"
+            n = len(running)
+            on = f"{n} rank goes on" if n == 1 else f"{n} ranks go on"
+            text = f"rank {r.rank} {describe_exit(r.returncode or 0)}; {on}"
             if self.replaced < self.replacements:
                 new = self.spawn(self.next_id, r.local_rank)
                 self.next_id += 1
