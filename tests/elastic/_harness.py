@@ -60,10 +60,11 @@ class Outcome:
     problems: list[str] = field(default_factory=list)
 
     def replacement_seconds(self) -> list[float]:
-        """For each replacement that got in: its process start -> its first committed step."""
+        """For each replacement that got in (even if a later kill took it): its process
+        start -> its first committed step."""
         out = []
         for m in self.members.values():
-            if m.killed_at is None and m.rounds and m.rounds[0]["round"] > 0:
+            if m.rounds and m.rounds[0]["round"] > 0:
                 ok = [s for s in m.steps if s["ok"]]
                 if ok:
                     out.append(ok[0]["t"] - m.started)
