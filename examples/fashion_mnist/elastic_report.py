@@ -31,7 +31,11 @@ def summarize(steps_log: Path, launcher_log: str) -> dict[str, Any]:
         out["rejoined_at_update"] = grown[0]["step"] if grown else None
     joined = [f for f in finals if f["rounds"] and f["rounds"][0]["round"] > 0]
     if joined and joined[0]["first_commit"]:
-        out["replacement_s"] = joined[0]["first_commit"] - joined[0]["started"]
+        j = joined[0]
+        out["replacement_s"] = j["first_commit"] - j["started"]
+        out["replacement_startup_s"] = j["ready"] - j["started"]  # imports, data, model
+        out["replacement_join_s"] = j["first_commit"] - j["ready"]  # manager, round, a step
+        out["replacement_cpu_s"] = j["cpu_at_first_commit"]
     out["identical"] = len({f["digest"] for f in finals}) == 1
     out["members_at_end"] = len(finals)
     out["updates"] = steps[-1]["step"] if steps else 0
@@ -54,8 +58,12 @@ def text(section: dict[str, Any]) -> list[str]:
             else "- a worker was SIGKILLed; the survivors did not go on"
         )
     if s.get("replacement_s") is not None:
-        lines.append(f"- its replacement was in step {s['replacement_s']:.2f} s after it started, "
-                     f"from update {s.get('rejoined_at_update')}")  # fmt: skip
+        lines.append(
+            f"- its replacement was in step {s['replacement_s']:.2f} s after it started, from "
+            f"update {s.get('rejoined_at_update')}: {s['replacement_startup_s']:.2f} s of "
+            f"imports, data and model, {s['replacement_join_s']:.2f} s to join and commit a step;"
+            f" {s['replacement_cpu_s']:.2f} s of its own CPU time"
+        )
     lines.append(
         f"- {s['members_at_end']} members finished {s['updates']} updates, "
         f"{'bit for bit identical' if s['identical'] else 'NOT IDENTICAL'}; the loss curve "

@@ -91,6 +91,7 @@ def main(
         model.load_state_dict(state["model"])
         inner.load_state_dict(state["optimizer"])
 
+    ready = time.time()  # imports, data and model done: what follows is joining
     manager = elastic.Manager(state_dict, load_state_dict)
     net = ddp.DataParallel(manager, model)
     optimizer = ddp.Optimizer(manager, inner)
@@ -101,7 +102,7 @@ def main(
         steps = min(steps, args.steps)
     log_path = Path(args.steps_log) if args.steps_log else None
     started = _process_start()
-    first_commit = None
+    first_commit = first_cpu = None
     for step in manager.steps(steps):
         idx = torch.from_numpy(sampler.indices())
         optimizer.zero_grad()
@@ -119,7 +120,7 @@ def main(
         value = np.array([loss.item() * sampler.share() if loss is not None else 0.0])
         manager.allreduce(value)
         if committed and first_commit is None:
-            first_commit = time.time()
+            first_commit, first_cpu = time.time(), time.process_time()
         if committed and manager.rank == 0 and log_path is not None:
             with open(log_path, "a") as f:
                 f.write(json.dumps({
@@ -133,7 +134,8 @@ def main(
     final = {
         "rank": rank, "launcher_rank": os.environ.get("RANK"), "step": manager.step,
         "digest": _digest(model, inner), "rounds": [vars(e) for e in manager.events],
-        "started": started, "first_commit": first_commit,
+        "started": started, "ready": ready, "first_commit": first_commit,
+        "cpu_at_first_commit": first_cpu,
     }  # fmt: skip
     print("FINAL " + json.dumps(final), flush=True)
     if rank == 0:
