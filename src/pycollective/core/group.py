@@ -94,9 +94,17 @@ class ProcessGroup:
         return Members(self.ranks, self._rank, self.group_id, self.timeout, self.world)
 
     def runner(self, kind: type) -> Runner | None:
-        """This group's runner of a kind (runners.REGISTRY), None if it has none (yet: they
+        """This group's runner of a kind (runners.REGISTRY), or the one standing in for it
+        (`replaces`: the compiled arena for ArenaRunner); None if it has none (yet: they
         are set up at the group's first collective)."""
-        return next((r for r in self._runners or () if type(r) is kind), None)
+        return next(
+            (
+                r
+                for r in self._runners or ()
+                if type(r) is kind or getattr(r, "replaces", None) is kind
+            ),
+            None,
+        )
 
     def algorithms(self, collective: str) -> list[str]:
         """The algorithm names this group lists for `collective`, "auto" first."""

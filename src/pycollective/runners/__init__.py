@@ -1,7 +1,8 @@
 """How one call runs. A group holds one runner of each kind that can serve it (set up at
 its first collective); for each call the first in REGISTRY order that takes it runs it
 (_base.py has the protocol). The order is the preference of `auto`: the shared-memory
-arena where every member shares this host, the hierarchy where the group spans hosts with
+arena where every member shares this host (compiled, native.py, unless PYCOLLECTIVE_NATIVE=0
+or the extension is missing; else in Python), the hierarchy where the group spans hosts with
 several ranks on one, else the cost model's cheapest schedule over the transport.
 """
 
@@ -10,11 +11,17 @@ from __future__ import annotations
 from ._base import BaseRunner, Call, Members, Need, Runner, Spec
 from .arena import ArenaRunner
 from .hierarchical import HierarchicalRunner
+from .native import NativeArenaRunner
 from .scheduled import ScheduledRunner
 
 # The registry: every kind of runner, most preferred first (a documented, immutable table;
 # a new way to run calls is one more entry here).
-REGISTRY: tuple[type, ...] = (ArenaRunner, HierarchicalRunner, ScheduledRunner)
+REGISTRY: tuple[type, ...] = (
+    NativeArenaRunner,
+    ArenaRunner,
+    HierarchicalRunner,
+    ScheduledRunner,
+)
 
 
 def set_up(members: Members) -> list[Runner]:
@@ -31,7 +38,10 @@ def set_up(members: Members) -> list[Runner]:
 
     for kind in REGISTRY:
         need(kind)
-    return [r for r in (made[k] for k in REGISTRY) if r is not None]
+    # A runner may stand in for another it builds on (`replaces`: the compiled arena for
+    # the Python one): the group then holds only the stand-in.
+    replaced = {getattr(r, "replaces", None) for r in made.values() if r is not None}
+    return [made[k] for k in REGISTRY if made[k] is not None and k not in replaced]
 
 
 def known(collective: str) -> list[str]:
@@ -62,6 +72,7 @@ __all__ = [
     "Call",
     "HierarchicalRunner",
     "Members",
+    "NativeArenaRunner",
     "Need",
     "Runner",
     "ScheduledRunner",

@@ -29,12 +29,10 @@ from .. import _config
 from .._dtypes import BYTE, DType
 from .._errors import CollectiveError, CollectiveTimeout, TransportError, UsageError
 from .._reduce_ops import Kernel, ReduceOp
-from ..observe.timeline import WAIT as _WAIT
 from ..schedule import build as build_schedule
 from ..shm import _hostid
 from ..shm import arena as _arena
 from ..shm import collectives as _coll
-from ..shm import native as _native
 from ..shm import shared as _shared
 from ..shm.arena import Arena, Segment
 from ..transport import _wire
@@ -87,13 +85,6 @@ class LocalGroup:
         self.transport = transport
         self.me = arena.rank if arena is not None else 0
         self.peer_maps = _shared.PeerMaps()
-        # The compiled arena runs this group's arena calls unless PYCOLLECTIVE_NATIVE=0 or
-        # the extension is missing (shm/native.py); the Python collectives otherwise.
-        self.native = (
-            _native.NativeArena(arena, _coll.SMALL_BYTES, _coll.CHUNK_BYTES)
-            if arena is not None and arena.size > 1 and _native.enabled()
-            else None
-        )
 
     # ------------------------------------------------------------------ announcements
 
@@ -155,11 +146,6 @@ class LocalGroup:
             if data is not None and collective in ("all_reduce", "reduce")
             else _shared.NOT_SHARED
         )
-        if self.native is not None:
-            self._run_native(
-                collective, arrays, data, shared, dtype, kernel, header, deadline, label
-            )
-            return
         h = header
         arena.announce(h.seq, h.kind, h.dtype, h.count, h.root, h.op, h.algo, shared)
         poll = self._poller(header, deadline, label)
@@ -194,50 +180,6 @@ class LocalGroup:
             _coll.barrier(arena, sync)
         else:  # pragma: no cover - callers check COLLECTIVES
             raise UsageError(f"{collective} has no shared-memory algorithm")
-
-    def _run_native(
-        self,
-        collective: str,
-        arrays: dict[str, np.ndarray],
-        data: np.ndarray | None,
-        shared: tuple[int, int, int, int],
-        dtype: DType,
-        kernel: Kernel | None,
-        header: Header,
-        deadline: float,
-        label: str,
-    ) -> None:
-        na = self.native
-        assert na is not None  # noqa: S101 - only called with the compiled arena
-        h = header
-        rooted = collective in ("reduce", "broadcast")
-        plan = na.plan(
-            collective,
-            dtype.code,
-            h.op if kernel is not None else 0,
-            h.root if rooted else -1,
-            0,  # AVG's division: done after the call (the group's `after`)
-            (h.kind, h.dtype, h.count, h.root, h.op, h.algo),
-        )
-        if collective in ("all_gather", "reduce_scatter"):
-            inp, out = arrays["input"], arrays["output"]
-        else:
-            inp, out = None, data
-        poll = self._poller(header, deadline, label)
-
-        def check(q: int, target: int) -> None:
-            self._check_peer(q, header, target)
-
-        views = partial(self._peer_views, data, label)
-        share = shared if shared != _shared.NOT_SHARED else None
-        if _WAIT.on:  # PYCOLLECTIVE_TIMELINE: the time spent waiting for peers
-            w0 = na.c.wait_ns
-            try:
-                na.run(plan, inp, out, h.seq, share, poll, check, views)
-            finally:
-                _WAIT.total += (na.c.wait_ns - w0) * 1e-9
-        else:
-            na.run(plan, inp, out, h.seq, share, poll, check, views)
 
     def _peer_views(self, data: np.ndarray, label: str) -> list[np.ndarray] | None:
         """Every rank's buffer of this call, if every rank announced a shared one (the same

@@ -47,6 +47,7 @@ CODE = {
     "reduce_scatter": 4,
     "barrier": 5,
 }
+DONE, PENDING, CHECK, VIEWS = 0, 1, 2, 3  # what Arena.run and resume return (module.c)
 BUDGET_NS = 1_000_000  # how long C waits before handing back to Python for a poll
 # Calls at least this large copy results into the caller's buffer with non-temporal stores
 # (they skip reading the destination in first: twice as fast from and to DRAM here, slower
@@ -149,9 +150,9 @@ class NativeArena:
         c = self.c
         rc = c.run(plan, inp, out, seq, BUDGET_NS, shared)
         while rc:
-            if rc == 1:  # PENDING
+            if rc == PENDING:
                 poll(c.target)
-            elif rc == 2:  # CHECK
+            elif rc == CHECK:
                 check(c.peer, c.target)
             else:  # VIEWS
                 c.set_views(views())

@@ -1,0 +1,142 @@
+"""The compiled arena as a runner: the arena's collectives run by pycollective._native.
+
+It is registered ahead of the Python ArenaRunner and builds on it (`need`): the segment,
+the set-up exchange, the announcements and the error semantics (deadline, dead peers,
+abort notices, mismatches) are the Python runner's LocalGroup's; what runs compiled is
+the call itself (shm/native.py, _native/module.c): announce, copy in, phases, fused
+reductions in rank order, copy out. Both compute the same bits with the same phases and
+buffers, so the two runners are interchangeable rank by rank; `PYCOLLECTIVE_NATIVE=0` or
+a missing extension (one warning) leaves the Python runner in its place.
+
+The per-call path is short: what a call signature needs (the compiled Plan, which arrays
+it reads and writes) is prepared once, and the Python objects only the slow paths use (the
+poller, the mismatch check, the peers' shared buffers) are made only when a call waits
+longer than the budget, or a peer's announcement differs, or buffers may be shared.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..observe.timeline import WAIT as _WAIT
+from ..shm import collectives as _coll
+from ..shm import native as _native
+from ..shm import shared as _shared
+from ._base import BaseRunner, Call, Members, Need, Spec
+from .arena import ALGORITHM, COLLECTIVES, ArenaRunner, LocalGroup
+
+_IN_OUT = {  # which of a call's arrays the compiled collective reads and writes
+    "all_reduce": (None, "data"),
+    "reduce": (None, "data"),
+    "broadcast": (None, "data"),
+    "all_gather": ("input", "output"),
+    "reduce_scatter": ("input", "output"),
+    "barrier": (None, None),
+}
+
+
+class _Prepared:
+    """One call signature, prepared: the compiled Plan (made at the first call, from its
+    header: the announcement words), the names of its arrays, whether it may share."""
+
+    __slots__ = ("plan", "inp", "out", "shareable")
+
+    def __init__(self, collective: str) -> None:
+        self.plan: Any = None
+        self.inp, self.out = _IN_OUT[collective]
+        self.shareable = collective in ("all_reduce", "reduce")
+
+
+class NativeArenaRunner(BaseRunner):
+    """The arena's collectives ("shm"), compiled. See the module's docstring."""
+
+    replaces = ArenaRunner  # the group holds this one instead (runners.set_up)
+
+    def __init__(self, members: Members, python: ArenaRunner) -> None:
+        self.members = members
+        self.python = python
+        self.group: LocalGroup = python.group  # what the hierarchy and tests read
+        arena = self.group.arena
+        assert arena is not None  # noqa: S101 - set_up checks
+        self.native = _native.NativeArena(arena, _coll.SMALL_BYTES, _coll.CHUNK_BYTES)
+
+    @classmethod
+    def set_up(cls, members: Members, need: Need) -> NativeArenaRunner | None:
+        if members.size == 1 or not _native.enabled():
+            return None
+        python = need(ArenaRunner)
+        if not isinstance(python, ArenaRunner) or python.group.arena is None:
+            return None
+        return cls(members, python)
+
+    @staticmethod
+    def names(collective: str) -> tuple[str, ...]:
+        return ArenaRunner.names(collective)
+
+    def offers(self, collective: str) -> tuple[str, ...]:
+        return self.names(collective)
+
+    def choose(self, spec: Spec) -> str | None:
+        return ALGORITHM if spec.collective in COLLECTIVES else None
+
+    def prepare(self, spec: Spec, algorithm: str) -> _Prepared:
+        return _Prepared(spec.collective)
+
+    def note(self, call: Call) -> None:
+        self.group.announce(call.header)
+
+    def run(self, call: Call) -> None:
+        prep: _Prepared = call.plan
+        h = call.header
+        plan = prep.plan
+        if plan is None:
+            rooted = call.spec.collective in ("reduce", "broadcast")
+            plan = prep.plan = self.native.plan(
+                call.spec.collective,
+                h.dtype,
+                h.op if call.kernel is not None else 0,
+                h.root if rooted else -1,
+                0,  # AVG's division: the group's, after the call
+                (h.kind, h.dtype, h.count, h.root, h.op, h.algo),
+            )
+        arrays = call.arrays
+        inp = arrays[prep.inp] if prep.inp else None
+        out = arrays[prep.out] if prep.out else None
+        share = None
+        if prep.shareable:
+            described = _shared.describe(out)  # type: ignore[arg-type]
+            if described != _shared.NOT_SHARED:
+                share = described
+        c = self.native.c
+        if _WAIT.on:  # PYCOLLECTIVE_TIMELINE: the time spent waiting for peers
+            w0 = c.wait_ns
+            try:
+                self._run(c, plan, inp, out, call, share)
+            finally:
+                _WAIT.total += (c.wait_ns - w0) * 1e-9
+        else:
+            self._run(c, plan, inp, out, call, share)
+
+    def _run(
+        self,
+        c: Any,
+        plan: Any,
+        inp: np.ndarray | None,
+        out: np.ndarray | None,
+        call: Call,
+        share: tuple[int, int, int, int] | None,
+    ) -> None:
+        rc = c.run(plan, inp, out, call.header.seq, _native.BUDGET_NS, share)
+        if rc:  # it waited past the budget, or needs a judgement: the slow path
+            group, header = self.group, call.header
+            poll = group._poller(header, call.deadline, call.label)
+            while rc:
+                if rc == _native.PENDING:
+                    poll(c.target)
+                elif rc == _native.CHECK:
+                    group._check_peer(c.peer, header, c.target)
+                else:
+                    c.set_views(group._peer_views(out, call.label))  # type: ignore[arg-type]
+                rc = c.resume(_native.BUDGET_NS)
