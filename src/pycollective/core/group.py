@@ -10,7 +10,6 @@ engine, and a failure is reported to every peer. The group never names a runner.
 from __future__ import annotations
 
 import logging
-import time
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,6 +27,11 @@ from .work import Work
 from .world import World
 
 log = logging.getLogger("pycollective")
+
+_new_header = tuple.__new__  # Header from a tuple, without NamedTuple's argument handling
+# How long after a check of the transport a call on a runner that polls it while waiting
+# may skip the check (run_collective).
+_RECHECK_SECONDS = 0.001
 
 
 class ProcessGroup:
@@ -55,6 +59,10 @@ class ProcessGroup:
         self._runners: list[Runner] | None = None
         self._prepared: dict[tuple, _Prepared] = {}
         self._noted: set = set()  # the calls PYCOLLECTIVE_DEBUG=INFO has named (_log.py)
+        # When this rank last read its transport for abort notices and stray frames
+        # (check_group), and whether the call since ran on a runner that polls it itself.
+        self._checked_at = float("-inf")
+        self._polled = False
 
     # torch spells these as methods
     def rank(self) -> int:
@@ -137,7 +145,9 @@ class ProcessGroup:
             f"unknown algorithm {chosen!r} for {spec.collective}; choose one of {names}"
         )
 
-    def _prepare(self, key: tuple, spec: Spec, algorithm: str | None) -> _Prepared:
+    def _prepare(
+        self, key: tuple, spec: Spec, algorithm: str | None, header_count: int | None
+    ) -> _Prepared:
         runner, algo = self._pick(spec, _config.algorithm_choice(spec.collective, algorithm))
         op = key[4]
         prepared = _Prepared(
@@ -149,6 +159,13 @@ class ProcessGroup:
             runner.prepare(spec, algo),
             tuple(r for r in self._runners or () if r is not runner and _notes(r)),
         )
+        # The header's fields but the sequence number and tag, in Header's order.
+        prepared.head = (
+            _wire.DATA, _wire.KIND_CODE[spec.collective], spec.dtype.code, spec.op,
+            prepared.algo_code, self.group_id,
+        )  # fmt: skip
+        count = spec.count if header_count is None else header_count
+        prepared.tail = (spec.root, count, 0)
         if len(self._prepared) >= _MAX_PREPARED:
             self._prepared.clear()  # a program of ever-new sizes: start over, stay bounded
         self._prepared[key] = prepared
@@ -175,7 +192,8 @@ class ProcessGroup:
         out). `root` is a group rank. Arguments must already be validated: from here on a
         failure is a failure of the group, reported to every peer.
         """
-        self.check_usable()
+        if self._failed is not None or self.world.closed:
+            self.check_usable()
         if self._runners is None:
             self._set_up_runners()
         key = (
@@ -191,46 +209,56 @@ class ProcessGroup:
         )
         prepared = self._prepared.get(key)
         if prepared is None:
-            op_code = int(op) if op is not None else 0
-            spec = Spec(collective, count, dtype, op_code, root, send_counts, recv_counts)
-            prepared = self._prepare(key, spec, algorithm)
-        spec = prepared.spec
-        algo = prepared.algorithm
+            spec = Spec(
+                collective,
+                count,
+                dtype,
+                int(op) if op is not None else 0,
+                root,
+                send_counts,
+                recv_counts,
+            )
+            prepared = self._prepare(key, spec, algorithm, header_count)
         seq = self._seq
-        self._seq += 1
-        header = Header(
-            _wire.DATA,
-            _wire.KIND_CODE[collective],
-            dtype.code,
-            spec.op,
-            prepared.algo_code,
-            self.group_id,
-            seq,
-            0,
-            root,
-            count if header_count is None else header_count,
-            0,
-        )
-        label = f"{collective}#{seq}({algo}, {count} x {dtype.name})"
+        self._seq = seq + 1
+        header = _new_header(Header, prepared.head + (seq, 0) + prepared.tail)
         if _log.LOGGER.isEnabledFor(logging.INFO):  # PYCOLLECTIVE_DEBUG=INFO|DETAIL
+            algo = prepared.algorithm
+            label = f"{collective}#{seq}({algo}, {count} x {dtype.name})"
             _log.note_call(self._noted, self.group_name, self._rank, self.size(), collective,
                            algorithm, algo, label, count * dtype.itemsize)  # fmt: skip
         world = self.world
         flight = world.flight
         entry = flight.record(  # type: ignore[union-attr]
-            self.group_id, self.group_name, seq, collective, count, dtype, algo, op, root
-        )
+            self.group_id, self.group_name, seq, collective, count, dtype, prepared.algorithm,
+            op, root,
+        )  # fmt: skip
 
         def job() -> None:
-            self.check_usable()
-            entry.start()
-            deadline = time.monotonic() + self.timeout
-            call = Call(spec, algo, arrays, prepared.kernel, header, deadline, label, prepared.plan)
+            if self._failed is not None or world.closed:
+                self.check_usable()
+            now = entry.start()
+            deadline = now + self.timeout
+            call = Call(
+                prepared.spec, prepared.algorithm, arrays, prepared.kernel, header, deadline,
+                prepared.plan,
+            )  # fmt: skip
             try:
-                if world.transport is not None and self._peers:
+                transport = world.transport
+                if transport is not None and self._peers:
                     # An abort notice that came since the last call fails this one now,
-                    # even if none of its own steps would touch the rank at fault.
-                    world.transport.check_group(self.group_id, seq, header)
+                    # even if none of its own steps would touch the rank at fault. A runner
+                    # that checks the transport itself whenever it waits (`polls`) lets the
+                    # group skip this for a millisecond after the last check: a notice
+                    # then shows at the call's first wait or within the millisecond.
+                    if (
+                        not prepared.polls
+                        or not self._polled
+                        or now - self._checked_at >= _RECHECK_SECONDS
+                    ):
+                        transport.check_group(self.group_id, seq, header)
+                        self._checked_at = now
+                    self._polled = prepared.polls
                 for other in prepared.noted:
                     other.note(call)
                 prepared.runner.run(call)
@@ -241,7 +269,7 @@ class ProcessGroup:
                 first = self._failed is None
                 self.fail(exc, seq)
                 if first:  # the error path may do I/O: leave the ring where diagnose reads it
-                    path = flight.dump(f"{type(exc).__name__} in {label}")  # type: ignore[union-attr]
+                    path = flight.dump(f"{type(exc).__name__} in {call.label}")  # type: ignore[union-attr]
                     if path and isinstance(exc, CollectiveTimeout):
                         exc.args = (f"{exc} (flight recorder: {path})",)
                 raise
@@ -250,6 +278,7 @@ class ProcessGroup:
             entry.end()
 
         if async_op:
+            label = f"{collective}#{seq}({prepared.algorithm}, {count} x {dtype.name})"
             return world.engine.submit(job, Work(label, result))
         world.engine.run(job)
         return None
@@ -303,10 +332,14 @@ _MAX_PREPARED = 4096  # distinct calls remembered per group
 
 class _Prepared:
     """What every call of one kind (collective, algorithm, count, dtype, op, root, ...)
-    needs, worked out once: its runner and algorithm, the reduction kernel, the runner's
-    plan, and the group's other runners that note each call (runners/_base.py)."""
+    needs, worked out once: its spec, runner and algorithm, the reduction kernel, the
+    runner's plan, the group's other runners that note each call (runners/_base.py), and
+    the frame header but its sequence number (`head`, `tail`)."""
 
-    __slots__ = ("spec", "runner", "algorithm", "algo_code", "kernel", "plan", "noted")
+    __slots__ = (
+        "spec", "runner", "algorithm", "algo_code", "kernel", "plan", "noted", "polls",
+        "head", "tail",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -319,6 +352,9 @@ class _Prepared:
         noted: tuple[Runner, ...],
     ) -> None:
         self.spec = spec
+        self.polls = bool(getattr(runner, "polls", False))
+        self.head: tuple = ()
+        self.tail: tuple = ()
         self.runner = runner
         self.algorithm = algorithm
         self.algo_code = algo_code

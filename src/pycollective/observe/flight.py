@@ -80,9 +80,11 @@ class Entry:
         self.error = ""
         self.culprits: tuple[int, ...] = ()
 
-    def start(self) -> None:
+    def start(self) -> float:
+        """Mark it running; returns the time (time.monotonic), which callers reuse."""
         self.state = RUNNING
-        self.t_started = time.monotonic()
+        self.t_started = t = time.monotonic()
+        return t
 
     def end(self) -> None:
         self.state = COMPLETED
@@ -128,8 +130,8 @@ class Entry:
 class _Off(Entry):
     """What a disabled recorder hands out: accepts every update, keeps nothing."""
 
-    def start(self) -> None:
-        pass
+    def start(self) -> float:
+        return time.monotonic()
 
     def end(self) -> None:
         pass

@@ -70,9 +70,9 @@ class TracedEntry(Entry):
         self._timeline = timeline
         self._wait0 = 0.0
 
-    def start(self) -> None:
+    def start(self) -> float:
         self._wait0 = WAIT.total
-        super().start()
+        return super().start()
 
     def end(self) -> None:
         super().end()

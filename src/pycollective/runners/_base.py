@@ -82,10 +82,11 @@ class Spec:
 
 class Call:
     """One call as a runner runs it: its spec and chosen algorithm, this rank's arrays,
-    the reduction kernel, the frame header every message carries, the deadline, the label
-    errors use, and whatever the runner prepared for this spec (`plan`)."""
+    the reduction kernel, the frame header every message carries, the deadline, whatever
+    the runner prepared for this spec (`plan`), and the label errors use (made when read:
+    most calls never need it)."""
 
-    __slots__ = ("spec", "algorithm", "arrays", "kernel", "header", "deadline", "label", "plan")
+    __slots__ = ("spec", "algorithm", "arrays", "kernel", "header", "deadline", "plan")
 
     def __init__(
         self,
@@ -95,7 +96,6 @@ class Call:
         kernel: Kernel | None,
         header: Header,
         deadline: float,
-        label: str,
         plan: Any,
     ) -> None:
         self.spec = spec
@@ -104,8 +104,12 @@ class Call:
         self.kernel = kernel
         self.header = header
         self.deadline = deadline
-        self.label = label
         self.plan = plan
+
+    @property
+    def label(self) -> str:
+        s = self.spec
+        return f"{s.collective}#{self.header.seq}({self.algorithm}, {s.count} x {s.dtype.name})"
 
 
 # Sets up (once) and returns the group's runner of a class, or None if it cannot serve the

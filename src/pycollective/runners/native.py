@@ -53,6 +53,7 @@ class NativeArenaRunner(BaseRunner):
     """The arena's collectives ("shm"), compiled. See the module's docstring."""
 
     replaces = ArenaRunner  # the group holds this one instead (runners.set_up)
+    polls = True  # it checks the transport whenever a call waits (the group may skip it)
 
     def __init__(self, members: Members, python: ArenaRunner) -> None:
         self.members = members
