@@ -273,7 +273,7 @@ class ProcessGroup:
                     if path and isinstance(exc, CollectiveTimeout):
                         exc.args = (f"{exc} (flight recorder: {path})",)
                 raise
-            if after is not None:
+            if after is not None and not (prepared.averages and type(after) is Average):
                 after()
             entry.end()
 
@@ -312,12 +312,23 @@ class ProcessGroup:
                 transport.abort(self._peers, self.group_id, exc, seq)
 
 
+class Average:
+    """AVG's last step, `finish_average` of the call's result: what run_collective calls
+    after the call, unless its runner divided already (a runner with `averages`)."""
+
+    __slots__ = ("arr", "dtype", "divisor")
+
+    def __init__(self, arr: np.ndarray, dtype: DType, divisor: int) -> None:
+        self.arr, self.dtype, self.divisor = arr, dtype, divisor
+
+    def __call__(self) -> None:
+        finish_average(self.arr, self.dtype, self.divisor)
+
+
 def average_after(
     arr: np.ndarray, dtype: DType, op: ReduceOp | None, divisor: int
-) -> Callable[[], None] | None:
-    if op is not ReduceOp.AVG:
-        return None
-    return lambda: finish_average(arr, dtype, divisor)
+) -> Average | None:
+    return Average(arr, dtype, divisor) if op is ReduceOp.AVG else None
 
 
 def group_id_for(ranks: Sequence[int], nth: int) -> int:
@@ -338,7 +349,7 @@ class _Prepared:
 
     __slots__ = (
         "spec", "runner", "algorithm", "algo_code", "kernel", "plan", "noted", "polls",
-        "head", "tail",
+        "averages", "head", "tail",
     )  # fmt: skip
 
     def __init__(
@@ -353,6 +364,8 @@ class _Prepared:
     ) -> None:
         self.spec = spec
         self.polls = bool(getattr(runner, "polls", False))
+        # the runner divides AVG's result itself (fused into its reduction)
+        self.averages = bool(getattr(runner, "averages", False))
         self.head: tuple = ()
         self.tail: tuple = ()
         self.runner = runner

@@ -135,7 +135,10 @@ class LocalGroup:
         header: Header,
         deadline: float,
         label: str,
+        divisor: int = 0,
     ) -> None:
+        """One arena call. `divisor` > 1 fuses AVG's division into the reduction (the
+        hierarchy's steps on a host pass none: their AVG is a partial sum)."""
         arena = self.arena
         if arena is None:
             _run_alone(collective, arrays)
@@ -156,7 +159,7 @@ class LocalGroup:
 
         sync = _coll.Sync(arena, poll, check)
         root = header.root
-        red = _reducer(header.op, dtype) if kernel is not None else None
+        red = _reducer(header.op, dtype, divisor) if kernel is not None else None
         if collective in ("all_reduce", "reduce"):
             # Worth asking the peers about their buffers only if mine is shared.
             views = partial(self._peer_views, data, label) if shared != _shared.NOT_SHARED else None
@@ -240,8 +243,11 @@ def _announcement(h: Header) -> tuple[int, int, int, int, int, int, int]:
 
 
 @lru_cache(maxsize=256)
-def _reducer(op: int, dtype: DType) -> _coll.Reducer:
-    return _coll.reducer(ReduceOp(op), dtype)
+def _reducer(op: int, dtype: DType, divisor: int) -> _coll.Reducer:
+    return _coll.reducer(ReduceOp(op), dtype, divisor)
+
+
+_AVG = int(ReduceOp.AVG)
 
 
 def _run_alone(collective: str, arrays: dict[str, np.ndarray]) -> None:
@@ -400,6 +406,9 @@ class ArenaRunner(BaseRunner):
     call this rank is in when another runner runs it (`note`), so a peer waiting in the
     arena sees a mismatched call at once."""
 
+    averages = True  # AVG's division is part of its reduction (run_collective skips it)
+    polls = True  # it checks the transport whenever a call waits (run_collective may not)
+
     def __init__(self, members: Members, group: LocalGroup) -> None:
         self.members = members
         self.group = group
@@ -431,12 +440,14 @@ class ArenaRunner(BaseRunner):
         self.group.announce(call.header)
 
     def run(self, call: Call) -> None:
+        spec = call.spec
         self.group.run(
-            call.spec.collective,
+            spec.collective,
             call.arrays,
-            call.spec.dtype,
+            spec.dtype,
             call.kernel,
             call.header,
             call.deadline,
             call.label,
+            self.members.size if spec.op == _AVG else 0,  # AVG's division, fused
         )

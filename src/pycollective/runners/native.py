@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .._reduce_ops import ReduceOp
 from ..observe.timeline import WAIT as _WAIT
 from ..shm import collectives as _coll
 from ..shm import native as _native
@@ -27,6 +28,7 @@ from ..shm import shared as _shared
 from ._base import BaseRunner, Call, Members, Need, Spec
 from .arena import ALGORITHM, COLLECTIVES, ArenaRunner, LocalGroup
 
+_AVG = int(ReduceOp.AVG)
 _IN_OUT = {  # which of a call's arrays the compiled collective reads and writes
     "all_reduce": (None, "data"),
     "reduce": (None, "data"),
@@ -54,6 +56,7 @@ class NativeArenaRunner(BaseRunner):
 
     replaces = ArenaRunner  # the group holds this one instead (runners.set_up)
     polls = True  # it checks the transport whenever a call waits (the group may skip it)
+    averages = True  # AVG's division is fused into its reduction (the group skips it)
 
     def __init__(self, members: Members, python: ArenaRunner) -> None:
         self.members = members
@@ -99,7 +102,7 @@ class NativeArenaRunner(BaseRunner):
                 h.dtype,
                 h.op if call.kernel is not None else 0,
                 h.root if rooted else -1,
-                0,  # AVG's division: the group's, after the call
+                self.members.size if h.op == _AVG and call.kernel is not None else 0,
                 (h.kind, h.dtype, h.count, h.root, h.op, h.algo),
             )
         arrays = call.arrays
