@@ -32,6 +32,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from . import _config
 from ._errors import UsageError
 
 
@@ -153,10 +154,11 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchEnv:
         local_world = _int(env, "LOCAL_WORLD_SIZE") or world or 1
         nnodes = _int(env, "PYCOLLECTIVE_NNODES", "GROUP_WORLD_SIZE")
         prefix = ""
-        if store_host == "launcher" and env.get("PYCOLLECTIVE_RESTART_COUNT", "0") not in ("", "0"):
+        attempt = _config.get("PYCOLLECTIVE_RESTART_COUNT", env)
+        if store_host == "launcher" and attempt:
             # `pycollective run --max-restarts`: the launcher's store outlives an attempt;
             # each attempt meets under keys of its own.
-            prefix = f"pycollective/attempt{env['PYCOLLECTIVE_RESTART_COUNT']}"
+            prefix = f"pycollective/attempt{attempt}"
         if store_host == "torchelastic":
             # The agent's store outlives the workers: a restarted attempt must not read the
             # addresses the failed one left behind. The restart count is per agent, so it

@@ -54,5 +54,5 @@ def test_argument_checks(store, monkeypatch):
     with pytest.raises(UsageError, match="min_size"):
         elastic.Manager(store=store, min_size=3, max_size=2)
     monkeypatch.setenv("PYCOLLECTIVE_ELASTIC", "4:2")
-    with pytest.raises(UsageError, match="PYCOLLECTIVE_ELASTIC"):
+    with pytest.raises(UsageError, match="PYCOLLECTIVE_ELASTIC='4:2' is not valid"):
         elastic.Manager(store=store)

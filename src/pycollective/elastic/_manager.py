@@ -77,17 +77,6 @@ class Event:
     reason: str = ""
 
 
-def _parse_elastic(text: str) -> tuple[int, int]:
-    lo, sep, hi = text.partition(":")
-    try:
-        pair = (int(lo), int(hi if sep else lo))
-    except ValueError:
-        raise UsageError(f"PYCOLLECTIVE_ELASTIC must be MIN:MAX, got {text!r}") from None
-    if not 1 <= pair[0] <= pair[1]:
-        raise UsageError(f"PYCOLLECTIVE_ELASTIC must have 1 <= MIN <= MAX, got {text!r}")
-    return pair
-
-
 class _WatchedStore:
     """The store, for setting up one round's group: a wait for a key is cut into short
     slices, and between them the round's members' leases are checked, so a member that
@@ -167,8 +156,7 @@ class Manager:
         store_idle: float = 30.0,
     ) -> None:
         env = _launch_env.detect()
-        bounds = os.environ.get("PYCOLLECTIVE_ELASTIC")
-        lo, hi = _parse_elastic(bounds) if bounds else (1, 1 << 30)
+        lo, hi = _config.get("PYCOLLECTIVE_ELASTIC") or (1, 1 << 30)
         self.min_size = lo if min_size is None else min_size
         self.max_size = hi if max_size is None else max_size
         world = env.world_size or 1
@@ -188,7 +176,7 @@ class Manager:
         self._master_addr = env.master_addr or "127.0.0.1"
         self._order = env.rank if env.rank is not None else 1 << 30
         self._multi_node = env.multi_node
-        job = job or os.environ.get("PYCOLLECTIVE_JOB_ID") or "job"
+        job = job or _config.get("PYCOLLECTIVE_JOB_ID") or "job"
         base = env.store_prefix.rstrip("/") + "/" if env.store_prefix else ""
         self._prefix = f"{base}elastic/{job}"
         if store is not None and not isinstance(store, TCPStore):
