@@ -48,9 +48,25 @@ def _root(g: ProcessGroup, global_rank: int | None, group_rank: int | None, what
     return g.group_rank(int(global_rank), what)
 
 
+# (type of op, op as given, dtype) -> its ReduceOp, for pairs already checked. The type is
+# part of the key: 0 == ReduceOp.SUM, yet an int op is refused.
+_checked_ops: dict[tuple[type, Any, DType], ReduceOp] = {}
+_AVG = ReduceOp.AVG
+
+
 def _op(op: Any, dtype: DType) -> ReduceOp:
+    key = (type(op), op, dtype)
+    try:
+        return _checked_ops[key]  # the common case
+    except (KeyError, TypeError):  # TypeError: an unhashable op, checked below as ever
+        pass
     rop = to_reduce_op(op)
     check_op_dtype(rop, dtype)
+    if len(_checked_ops) < 1024:
+        try:
+            _checked_ops[key] = rop
+        except TypeError:
+            pass
     return rop
 
 
@@ -117,18 +133,18 @@ def all_reduce(
     g = _group(group)
     if not g.is_member:
         return None
-    buf = as_buffer(tensor, "all_reduce tensor")
-    rop = _op(op, buf.dtype)
+    arr, dtype, _ = as_buffer(tensor, "all_reduce tensor")
+    rop = _op(op, dtype)
     return g.run_collective(
         "all_reduce",
-        arrays={"data": buf.array},
-        dtype=buf.dtype,
-        count=buf.count,
+        arrays={"data": arr},
+        dtype=dtype,
+        count=arr.size,
         algorithm=algorithm,
         op=rop,
-        after=average_after(buf.array, buf.dtype, rop, g.size()),
+        after=average_after(arr, dtype, rop, g.size()) if rop is _AVG else None,
         async_op=async_op,
-        result=[tensor],
+        result=[tensor] if async_op else None,
     )
 
 
