@@ -52,7 +52,7 @@ FINISH_BYTES = 64 << 20
 FINISH_SECONDS = 1.0
 CLOSE_LINGER = 0.25  # seconds close() waits for peers to hang up too (see _linger)
 _DIRECT_BYTES = 16 * 1024  # payload left beyond this skips the buffer
-_SINK_BYTES = 256 * 1024  # a sink's pieces: cache-sized, a multiple of every item size
+_SINK_BYTES = 1 << 20  # a sink's pieces: cache-sized (L2), a multiple of every item size
 
 _ERROR_CODES: dict[type[CollectiveError], int] = {
     CollectiveError: 1,
