@@ -367,6 +367,7 @@ def elastic_kills(n: int, seed: int) -> dict:
     return {
         "kills": n, "ok": not out.problems, "problems": out.problems[:10],
         "failures": len(out.kills), "kinds": sorted({k.kind for k in out.kills}),
+        "replacements_killed_while_joining": out.joining_kills,
         "recovery_seconds": _quantiles(recovery),
         "replacement_seconds": _quantiles(out.replacement_seconds()),
         "committed_steps_lost": {"max": max(lost, default=0), "total": sum(lost)},
@@ -463,7 +464,9 @@ def main() -> int:
     if "elastic" in summary:
         e = summary["elastic"]
         log(
-            f"elastic: {e['kills']} kills ({', '.join(e['kinds'])}), ok={e['ok']}; survivors "
+            f"elastic: {e['kills']} kills ({', '.join(e['kinds'])}, and "
+            f"{e['replacements_killed_while_joining']} replacements while joining), "
+            f"ok={e['ok']}; survivors "
             f"training again after {e['recovery_seconds']} s; replacements in step after "
             f"{e['replacement_seconds']} s; committed steps lost: "
             f"{e['committed_steps_lost']['total']}; the step in flight committed "

@@ -58,6 +58,7 @@ class Outcome:
     kills: list[Kill]
     stderr: str
     problems: list[str] = field(default_factory=list)
+    joining_kills: int = 0  # replacements killed while joining (not judged as failures)
 
     def replacement_seconds(self) -> list[float]:
         """For each replacement that got in (even if a later kill took it): its process
@@ -378,6 +379,7 @@ def kills_in_a_row(
         job.finish(5)
         raise
     out = job.judge(rc, [k for k in done if k.kind != "joining"], stop)
+    out.joining_kills = sum(1 for k in done if k.kind == "joining")
     out.problems[:0] = problems
     out.problems += job.leftovers()
     return out
