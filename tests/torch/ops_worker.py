@@ -19,7 +19,44 @@ def same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     global checks
     if not torch.equal(got, want):
         raise AssertionError(f"{what}: got {got.tolist()}, want {want.tolist()}")
+    # gloo leaves a storage resizable; a view through Tensor.numpy() would not (FSDP's
+    # reshard resize_(0) and PowerSGD's bucket resize_ then fail)
+    if not got.untyped_storage().resizable():
+        raise AssertionError(f"{what}: the collective made the tensor's storage non-resizable")
     checks += 1
+
+
+def _tensors_in(x) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for item in x for t in _tensors_in(item)]
+    return []
+
+
+def _resizable_around(fn):
+    """Every tensor a collective is given keeps a resizable storage, before and after."""
+
+    def run(*args, **kwargs):
+        tensors = _tensors_in(list(args) + list(kwargs.values()))
+        assert all(t.untyped_storage().resizable() for t in tensors), f"{fn.__name__}: before"
+        out = fn(*args, **kwargs)
+        if hasattr(out, "wait"):
+            out.wait()
+        for t in tensors:
+            if not t.untyped_storage().resizable():
+                raise AssertionError(f"{fn.__name__} made a storage non-resizable")
+        return out
+
+    return run
+
+
+for _name in (
+    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+    "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "all_to_all",
+    "all_to_all_single", "send", "recv",
+):  # fmt: skip
+    setattr(dist, _name, _resizable_around(getattr(dist, _name)))
 
 
 def main() -> None:
