@@ -178,7 +178,21 @@ def forms(pg: dist.ProcessGroup) -> dict[str, Any]:
     lists = [[torch.zeros(2), torch.zeros(3)] for _ in range(n)]
     dist.all_gather_coalesced(lists, ins, group=pg)
     out["all_gather_coalesced"] = lists
-    resizable(t, *outs, y, single)
+    # torch's _coalescing_manager: the coalesced all-gather and reduce-scatter (one call
+    # each on our backend), as FSDP and DTensor issue them
+    ag = [torch.zeros(n * 3), torch.zeros(n * 2)]
+    with dist._coalescing_manager(group=pg, async_ops=True) as cm:
+        dist.all_gather_into_tensor(ag[0], torch.full((3,), r + 1.0), group=pg)
+        dist.all_gather_into_tensor(ag[1], torch.full((2,), -r - 1.0), group=pg)
+    cm.wait()
+    out["coalesced all_gather_into_tensor"] = ag
+    rs = [torch.zeros(3), torch.zeros(2)]
+    with dist._coalescing_manager(group=pg, async_ops=True) as cm:
+        dist.reduce_scatter_tensor(rs[0], torch.arange(n * 3.0) * (r + 1), group=pg)
+        dist.reduce_scatter_tensor(rs[1], torch.arange(n * 2.0) - r, group=pg)
+    cm.wait()
+    out["coalesced reduce_scatter_tensor"] = rs
+    resizable(t, *outs, y, single, *ag, *rs)
     return out
 
 

@@ -161,6 +161,14 @@ def _torch_call(
     return wrap
 
 
+def _one_dtype(tensors: Sequence[torch.Tensor]) -> bool:
+    return len({t.dtype for t in tensors}) == 1
+
+
+def _contiguous(tensors: Sequence[torch.Tensor]) -> bool:
+    return all(t.is_contiguous() for t in tensors)
+
+
 def _pairs(outputs: Sequence[Any], inputs: Sequence[Any]) -> list[tuple[Any, Any]]:
     if len(outputs) != len(inputs):
         raise UsageError(f"coalesced op: {len(outputs)} outputs but {len(inputs)} inputs")
@@ -485,8 +493,31 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
                     f"allgather_coalesced: output list {r} has {len(o)} tensors for "
                     f"{len(inputs)} inputs"
                 )
+            for j, (out, inp) in enumerate(zip(o, inputs, strict=True)):
+                if out.numel() != inp.numel() or out.dtype != inp.dtype:
+                    raise UsageError(
+                        f"allgather_coalesced: output [{r}][{j}] ({out.numel()} x {out.dtype}) "
+                        f"does not fit input {j} ({inp.numel()} x {inp.dtype})"
+                    )
+        n = self.size()
+        if len(inputs) > 1 and _one_dtype(inputs):
+            # one all-gather of the inputs laid end to end, then each rank's share cut up
+            flat_in = torch.cat([_dense(t, "allgather input").reshape(-1) for t in inputs])
+            flat_out = flat_in.new_empty(n * flat_in.numel())
+            (work,), _ = self._allgather_flat(flat_out, flat_in)
+
+            def copy_out() -> None:
+                by_rank = flat_out.view(n, -1)
+                for r in range(n):
+                    offset = 0
+                    for j, inp in enumerate(inputs):
+                        k = inp.numel()
+                        lists[r][j].copy_(by_rank[r, offset : offset + k].view_as(lists[r][j]))
+                        offset += k
+
+            return self._work([work], copy_out, output_lists, _timeout_of(opts))
         parts = [
-            self._allgather_list([lists[r][j] for r in range(self.size())], inp)
+            self._allgather_list([lists[r][j] for r in range(n)], inp)
             for j, inp in enumerate(inputs)
         ]
         return self._work(*_join(parts), output_lists, _timeout_of(opts))
@@ -495,7 +526,24 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> TorchWork:
-        parts = [self._allgather_flat(o, i) for o, i in _pairs(outputs, inputs)]
+        """One all-gather of the inputs laid end to end (when they share a dtype), then
+        each rank's share copied out: one call instead of a stream of small ones."""
+        pairs = _pairs(outputs, inputs)
+        if len(pairs) > 1 and _one_dtype(inputs) and _contiguous(outputs):
+            n = self.size()
+            flat_in = torch.cat([_dense(t, "all_gather input").reshape(-1) for t in inputs])
+            flat_out = flat_in.new_empty(n * flat_in.numel())
+            (work,), _ = self._allgather_flat(flat_out, flat_in)
+
+            def copy_out() -> None:
+                by_rank, offset = flat_out.view(n, -1), 0
+                for o, i in pairs:
+                    k = i.numel()
+                    o.view(n, k).copy_(by_rank[:, offset : offset + k])
+                    offset += k
+
+            return self._work([work], copy_out, outputs, _timeout_of(opts))
+        parts = [self._allgather_flat(o, i) for o, i in pairs]
         return self._work(*_join(parts), outputs, _timeout_of(opts))
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
@@ -540,7 +588,32 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     def reduce_scatter_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> TorchWork:
-        parts = [self._reduce_scatter_flat(o, i, opts) for o, i in _pairs(outputs, inputs)]
+        """One reduce-scatter of every input's rank-r share laid end to end (when they share
+        a dtype), then each output cut out of the result."""
+        pairs = _pairs(outputs, inputs)
+        if len(pairs) > 1 and _one_dtype(inputs) and _contiguous(outputs):
+            n = self.size()
+            sizes = [o.numel() for o, _ in pairs]
+            for (_, i), k in zip(pairs, sizes, strict=True):
+                if i.numel() != n * k:
+                    raise UsageError(
+                        f"reduce_scatter_tensor_coalesced: an input of {i.numel()} elements "
+                        f"for an output of {k} at world size {n}"
+                    )
+            flat_in = torch.cat(
+                [_dense(i, "reduce_scatter input").reshape(n, -1) for _, i in pairs], dim=1
+            ).reshape(-1)
+            flat_out = flat_in.new_empty(sum(sizes))
+            (work,), _ = self._reduce_scatter_flat(flat_out, flat_in, opts)
+
+            def copy_out() -> None:
+                offset = 0
+                for (o, _), k in zip(pairs, sizes, strict=True):
+                    o.copy_(flat_out[offset : offset + k].view_as(o))
+                    offset += k
+
+            return self._work([work], copy_out, outputs, _timeout_of(opts))
+        parts = [self._reduce_scatter_flat(o, i, opts) for o, i in pairs]
         return self._work(*_join(parts), outputs, _timeout_of(opts))
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
