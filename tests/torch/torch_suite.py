@@ -112,6 +112,7 @@ SUBSET: tuple[str, ...] = (
     "test_irecv", "test_batch_isend_irecv_gloo", "test_batch_isend_irecv_gloo_tags",
     "test_send_recv_autograd_profiler", "test_barrier", "test_barrier_full_group",
     "test_barrier_timeout_full_group", "test_monitored_barrier_gloo",
+    "test_monitored_barrier_gloo_rank_0_timeout",
     "test_DistributedDataParallelCPU", "test_DistributedDataParallel_requires_grad",
     "test_ddp_create_graph", "test_get_future", "test_grads_same_across_ranks_with_no_sync",
     "test_static_graph_api_cpu", "test_accumulate_gradients_no_sync_allreduce_hook",

@@ -703,7 +703,14 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         torch's `dist.monitored_barrier` refuses every backend not named "gloo" before it
         reaches one; call this on the group object instead (or pycollective's own
         `monitored_barrier`)."""
-        seconds = _timeout_of(timeout) if timeout is not None else self._pg.timeout
+        if timeout is None:
+            seconds = self._pg.timeout
+        else:
+            given = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
+            if float(given) <= 0 and self.rank() == 0:
+                # gloo: rank 0 spends its budget before waiting on anyone
+                raise RuntimeError("Rank 0 timed out in monitoredBarrier after 0 ms")
+            seconds = max(float(given), 1e-3)
         try:
             _p2p.monitored_barrier(self._pg, seconds, wait_all_ranks)
         except CollectiveTimeout as exc:
