@@ -21,12 +21,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.distributed as tdist
+from torch._C import _distributed_c10d as _c10d
 from torch._C._profiler import _RecordFunctionFast
 
 import torch
 
 from .. import _config, _launch_env
 from .._errors import CollectiveError, CollectiveTimeout, UsageError
+from .._reduce_ops import ReduceOp as _OurOp
+from .._reduce_ops import to_reduce_op
 from ..api import collectives as _api
 from ..api import p2p as _p2p
 from ..core import rendezvous
@@ -65,16 +68,27 @@ def _is_options(x: Any) -> bool:
     return type(x).__name__.endswith("Options")
 
 
-def _op_of(x: Any) -> Any:
-    """The RedOpType of an options struct, a ReduceOp, a RedOpType, or None (SUM)."""
+_our_ops: dict[Any, _OurOp] = {}
+
+
+def _op_of(x: Any) -> _OurOp:
+    """Our ReduceOp for an options struct, a ReduceOp, a RedOpType, or None (SUM); torch's
+    are translated once each."""
     if x is None:
-        return tdist.ReduceOp.SUM
+        return _OurOp.SUM
     if hasattr(x, "reduceOp"):
         x = x.reduceOp
     op = getattr(x, "op", x)  # a ReduceOp object wraps its RedOpType
-    if getattr(op, "name", "") == "PREMUL_SUM":
-        raise UsageError("PREMUL_SUM is NCCL-only; the pycollective backend does not support it")
-    return op
+    mine = _our_ops.get(op)
+    if mine is None:
+        if getattr(op, "name", "") == "PREMUL_SUM":
+            raise UsageError(
+                "PREMUL_SUM is NCCL-only; the pycollective backend does not support it"
+            )
+        mine = to_reduce_op(op)
+        if not isinstance(op, _OurOp):
+            _our_ops[op] = mine
+    return mine
 
 
 def _timeout_of(*given: Any) -> float | None:
@@ -111,6 +125,23 @@ def _flat_tensors(x: Any) -> list[torch.Tensor]:
 _calls = threading.local()
 
 
+def _options_with_async_flag() -> tuple[type, ...]:
+    """torch's options structs that carry `asyncOp`."""
+    found = []
+    for name in dir(_c10d):
+        cls = getattr(_c10d, name)
+        if name.endswith("Options") and isinstance(cls, type):
+            try:
+                if hasattr(cls(), "asyncOp"):
+                    found.append(cls)
+            except Exception:  # noqa: BLE001, S112 - one that needs arguments: not a call's options
+                continue
+    return tuple(found)
+
+
+_OPTIONS = _options_with_async_flag()
+
+
 def _asynchronous() -> bool:
     """Whether the call being issued runs asynchronously (see _torch_call)."""
     return not getattr(_calls, "sync", False)
@@ -134,9 +165,11 @@ def _torch_call(
     def wrap(method: Callable[..., TorchWork]) -> Callable[..., TorchWork]:
         @functools.wraps(method)
         def run(self: PycollectiveProcessGroup, *args: Any, **kwargs: Any) -> TorchWork:
-            sync = any(getattr(a, "asyncOp", True) is False for a in args) or (
-                getattr(kwargs.get("opts"), "asyncOp", True) is False
-            )
+            sync = False
+            for a in (*args, *kwargs.values()):
+                if isinstance(a, _OPTIONS) and a.asyncOp is False:
+                    sync = True
+                    break
             event = None
             if torch.autograd._profiler_enabled():
                 inputs = tuple(_flat_tensors(args[arg])) if len(args) > arg else ()
@@ -351,8 +384,8 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     ) -> TorchWork:
         """Sparse COO all-reduce as gloo does it: every rank's indices and values are
         gathered, then summed and coalesced (so the result is the same on every rank)."""
-        if op != tdist.ReduceOp.SUM:
-            raise UsageError(f"sparse all_reduce supports SUM only, got {op}")
+        if op is not _OurOp.SUM:
+            raise UsageError(f"sparse all_reduce supports SUM only, got {op.name}")
         t = self._one(tensors, "sparse allreduce")
         _dense_device(t, "sparse allreduce tensor")
         if t.layout != torch.sparse_coo:
