@@ -1,7 +1,8 @@
 """pycollective as a torch backend beside torch's gloo, in the same ranks: DDP and FSDP2
 step times, and what the backend layer itself costs per call.
 
-    python benchmarks/torch_backend.py -n 2,4 [--steps 6] [--rounds 5] [--json OUT]
+    python benchmarks/torch_backend.py -n 2,4 [--steps 5] [--rounds 5] [--json OUT]
+    python benchmarks/torch_backend.py -n 1 --models ""    # the backend layer's own cost
 
 Each rank has two process groups over the same ranks, the default one on "pycollective"
 and a gloo one, and two copies of each model (one per group, same initial weights). The
@@ -14,8 +15,11 @@ block (d_model 256, 4 heads, feed-forward 1024, batch 8 x 64 tokens). One intra-
 per rank.
 
 The call rows time one torch.distributed.all_reduce through each group, and the same
-through pycollective's own API on a numpy array: the difference between "torch API" and
-"own API" is what the backend layer adds (tensor views, Work, futures).
+through pycollective's own API on the group underneath the torch one (a numpy array): the
+difference is what the backend layer adds (torch's Python wrapper, argument forms, tensor
+views, Work, futures). Beside each wall time is the process CPU time per call (every
+thread), which a loaded machine's scheduling blurs less; at -n 1 no bytes move, so the CPU
+time is the layers' own cost.
 
 Prints markdown tables and the machine's load; writes JSON (default
 benchmarks/results/torch_backend.json).
@@ -33,6 +37,18 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import pycollective
+import torch
+from pycollective._netutil import free_port
+from torch import nn
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
@@ -41,19 +57,8 @@ REPO = HERE.parent
 
 
 def _rank_main(args: argparse.Namespace) -> None:
-    import numpy as np
-    import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    import pycollective
-    import torch
-    from torch import nn
-
     sys.path.insert(0, str(REPO / "examples" / "fashion_mnist"))
-    import models
+    import models  # the example's module, not the package
 
     torch.set_num_threads(1)
     dist.init_process_group("pycollective")
@@ -111,40 +116,52 @@ def _rank_main(args: argparse.Namespace) -> None:
             for _ in range(2):
                 step(b)
         times: dict[str, list[float]] = {b: [] for b in nets}
+        cpu: dict[str, list[float]] = {b: [] for b in nets}
         order = list(nets)
         for r in range(args.rounds):
             for b in order if r % 2 == 0 else order[::-1]:
                 dist.barrier(group=groups[b])
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 for _ in range(args.steps):
                     step(b)
                 times[b].append((time.perf_counter() - t0) / args.steps)
+                cpu[b].append((time.process_time() - c0) / args.steps)
         row = {"model": model_name, "wrapper": how, "ranks": n}
         for b, ts in times.items():
             row[f"{b}_ms"] = round(slowest(statistics.median(ts)) * 1e3, 2)
+            # CPU time of the rank's whole process (every thread): what a step costs the
+            # machine, which a loaded machine's scheduling does not blur as it does the clock
+            row[f"{b}_cpu_ms"] = round(slowest(statistics.median(cpu[b])) * 1e3, 2)
         row["ratio"] = round(row["gloo_ms"] / row["pycollective_ms"], 3)
         return row
 
     results = [
         time_pair(model_name, how)
         for model_name in args.models.split(",")
+        if model_name
         for how in args.wrappers.split(",")
     ]
 
     # One call through each layer: torch API on both groups, and (small sizes, where it
-    # is the overhead that shows) pycollective's own API on a numpy array.
-    pycollective.init_process_group(store=dist.distributed_c10d._get_default_store())
+    # is the overhead that shows) pycollective's own API on the very group underneath the
+    # torch one (same transport, same arena), on a numpy array.
+    ours = dist.distributed_c10d._get_default_group().pycollective_group
 
-    def per_call(fn, reps: int) -> float:
-        samples = []
+    def per_call(fn, reps: int) -> tuple[float, float]:
+        """Wall and process-CPU microseconds per call (medians of 5 blocks, slowest rank)."""
+        wall, cpu = [], []
         for _ in range(5):
             fn()
             dist.barrier(group=groups["gloo"])
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(reps):
                 fn()
-            samples.append((time.perf_counter() - t0) / reps)
-        return round(slowest(statistics.median(samples)) * 1e6, 1)
+            wall.append((time.perf_counter() - t0) / reps)
+            cpu.append((time.process_time() - c0) / reps)
+        return (
+            round(slowest(statistics.median(wall)) * 1e6, 1),
+            round(slowest(statistics.median(cpu)) * 1e6, 1),
+        )
 
     calls = []
     for nbytes in (4, 4096, 1 << 20, 16 << 20):
@@ -152,13 +169,16 @@ def _rank_main(args: argparse.Namespace) -> None:
         t = torch.ones(count)
         reps = 300 if nbytes <= 4096 else 20
         row = {"bytes": nbytes, "ranks": n}
-        row["gloo_us"] = per_call(functools.partial(dist.all_reduce, t, group=groups["gloo"]), reps)
-        row["pycollective_us"] = per_call(functools.partial(dist.all_reduce, t), reps)
+        gl = functools.partial(dist.all_reduce, t, group=groups["gloo"])
+        row["gloo_us"], row["gloo_cpu_us"] = per_call(gl, reps)
+        row["pycollective_us"], row["pycollective_cpu_us"] = per_call(
+            functools.partial(dist.all_reduce, t), reps
+        )
         if nbytes <= 4096:
             a = np.ones(count, dtype=np.float32)
-            row["own_api_us"] = per_call(functools.partial(pycollective.all_reduce, a), reps)
+            own = functools.partial(pycollective.all_reduce, a, group=ours)
+            row["own_api_us"], row["own_api_cpu_us"] = per_call(own, reps)
         calls.append(row)
-    pycollective.destroy_process_group()
     if rank == 0:
         print("RESULT " + json.dumps({"steps": results, "calls": calls}), flush=True)
     dist.barrier()
@@ -169,9 +189,6 @@ def _rank_main(args: argparse.Namespace) -> None:
 
 
 def _launch(n: int, args: argparse.Namespace) -> dict:
-    sys.path.insert(0, str(REPO / "src"))
-    from pycollective._netutil import free_port
-
     port = free_port()
     procs = []
     for rank in range(n):
@@ -210,29 +227,30 @@ def _launch(n: int, args: argparse.Namespace) -> dict:
 
 def _tables(runs: list[dict], load: list[str]) -> str:
     lines = [
-        "| model | wrapper | ranks | gloo ms/step | pycollective ms/step | gloo / pycollective |",
-        "|---|---|--:|--:|--:|--:|",
+        "| model | wrapper | ranks | gloo ms/step | pycollective ms/step | gloo / pycollective "
+        "| CPU ms/step gloo | CPU ms/step pycollective |",
+        "|---|---|--:|--:|--:|--:|--:|--:|",
     ]
     for run in runs:
         for r in run["steps"]:
             lines.append(
                 f"| {r['model']} | {r['wrapper']} | {r['ranks']} | {r['gloo_ms']} | "
-                f"{r['pycollective_ms']} | {r['ratio']:.2f}x |"
+                f"{r['pycollective_ms']} | {r['ratio']:.2f}x | {r['gloo_cpu_ms']} | "
+                f"{r['pycollective_cpu_ms']} |"
             )
     lines += [
         "",
-        "| all_reduce | ranks | gloo µs | pycollective (torch API) µs | "
-        "pycollective (own API) µs | backend layer adds µs |",
-        "|--:|--:|--:|--:|--:|--:|",
+        "| all_reduce | ranks | gloo µs | pycollective µs | own API µs "
+        "| CPU µs gloo | CPU µs pycollective | CPU µs own API |",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for run in runs:
         for r in run["calls"]:
             size = f"{r['bytes'] >> 20} MiB" if r["bytes"] >= 1 << 20 else f"{r['bytes']} B"
-            own = r.get("own_api_us")
-            adds = "" if own is None else round(r["pycollective_us"] - own, 1)
             lines.append(
                 f"| {size} | {r['ranks']} | {r['gloo_us']} | {r['pycollective_us']} | "
-                f"{'' if own is None else own} | {adds} |"
+                f"{r.get('own_api_us', '')} | {r['gloo_cpu_us']} | {r['pycollective_cpu_us']} | "
+                f"{r.get('own_api_cpu_us', '')} |"
             )
     lines += ["", "Load (uptime) before and after: " + " / ".join(load)]
     return "\n".join(lines)
