@@ -363,6 +363,12 @@ def render(results: dict[str, Any], out: Path) -> str:
     return "\n".join(lines)
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and the children it has waited for (every job's ranks)."""
+    used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in used)
+
+
 def _test_images(results: dict[str, Any]) -> str:
     runs = (results.get("accuracy") or {}).get("runs", {})
     return f"{next(iter(runs.values()))['test_images']:,}" if runs else "the"
@@ -387,15 +393,17 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     for name in args.modes.split(","):
         m = MODES[name]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu()
         ctx.log(f"\n=== {name}: {m.summary} ===")
         ctx.results[name] = m.run(ctx)
         ctx.results[name]["seconds"] = time.perf_counter() - t0
+        ctx.results[name]["cpu_seconds"] = _cpu() - c0
         ctx.results[name]["load_after"] = os.getloadavg()[0]
-        ctx.log(f"  ({ctx.results[name]['seconds']:.0f} s, load average {os.getloadavg()[0]:.1f})")
+        sec = ctx.results[name]
+        ctx.log(f"  ({sec['seconds']:.0f} s, {sec['cpu_seconds']:.0f} s of CPU; load average "
+                f"{os.getloadavg()[0]:.1f})")  # fmt: skip
     ctx.results["seconds"] = time.perf_counter() - start
-    used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    ctx.results["cpu_seconds"] = sum(u.ru_utime + u.ru_stime for u in used)
+    ctx.results["cpu_seconds"] = _cpu()
     # one line per section: thousands of prediction rows stay a small file
     lines = [f" {json.dumps(k)}: {json.dumps(v)}" for k, v in ctx.results.items()]
     (out / "results.json").write_text("{\n" + ",\n".join(lines) + "\n}\n")
