@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -58,6 +59,9 @@ class Slurm:
         ctld_name, ctld_addr = self.nodes[0]
         lines = [
             "ClusterName=pyctest",
+            # Job ids of their own: ranks derive their rendezvous port and store keys from
+            # the job id, and two clusters (two suites at once) must not both start at 1.
+            f"FirstJobId={random.randrange(1000, 60_000_000)}",
             f"SlurmctldHost={ctld_name}({ctld_addr})",
             f"SlurmctldPort={free_port()}",
             f"SlurmdPort={free_port()}",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import socket
 import sys
@@ -36,7 +37,11 @@ pytestmark = [
 
 def job_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not LAUNCHER.match(k)}
-    env.update(PYTHONUNBUFFERED="1", PYCOLLECTIVE_TIMEOUT="60")
+    # A secret of this job's own, as a cluster user would set: a job of another cluster
+    # that happened on the same derived port would be refused, not mixed with this one.
+    env.update(
+        PYTHONUNBUFFERED="1", PYCOLLECTIVE_TIMEOUT="60", PYCOLLECTIVE_SECRET=secrets.token_hex(16)
+    )
     env["PATH"] = f"{Path(PYTHON).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
 
