@@ -194,7 +194,7 @@ typedef struct {
     int64_t slot_bytes, small_bytes, chunk_bytes;
     int64_t nt_bytes; /* calls at least this large copy into the caller's buffer non-temporally */
     int pure_spins, oversubscribed;
-    int64_t yield_ns;
+    int64_t spin_ns, yield_ns; /* spin (pause), then yield, for so long before sleeping */
     int next_buf;
     int64_t wait_ns; /* time spent waiting for peers (the timeline's WAIT) */
     PyThreadState *ts; /* non-NULL while this call runs without the GIL */
@@ -278,7 +278,14 @@ static int wait_all(ArenaObject *a, call_t *c, int64_t end)
                 a->wait_ns += t - seg;
                 return ST_PENDING;
             }
-            if (t < c->wt0 + a->yield_ns) {
+            if (t < c->wt0 + a->spin_ns) {
+                /* Keep the core: a rank with a core of its own that yields hands it to
+                 * whatever else runs there, for a time slice (ms) per phase. */
+                for (int k = 0; k < 64; k++)
+                    cpu_relax();
+                continue;
+            }
+            if (t < c->wt0 + a->spin_ns + a->yield_ns) {
                 sched_yield();
                 continue;
             }
@@ -891,17 +898,20 @@ static PyObject *Arena_wait(ArenaObject *a, PyObject *const *args, Py_ssize_t na
 
 static PyObject *Arena_set_spin(ArenaObject *a, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "set_spin(pure_spins, yield_ns, oversubscribed)");
+    if (nargs < 3 || nargs > 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "set_spin(pure_spins, yield_ns, oversubscribed, spin_ns=0)");
         return NULL;
     }
     long spins = PyLong_AsLong(args[0]);
     int64_t yield_ns = PyLong_AsLongLong(args[1]);
     int over = PyObject_IsTrue(args[2]);
+    int64_t spin_ns = nargs == 4 ? PyLong_AsLongLong(args[3]) : 0;
     if (PyErr_Occurred())
         return NULL;
     a->pure_spins = (int)(spins < 0 ? 0 : spins);
     a->yield_ns = yield_ns < 0 ? 0 : yield_ns;
+    a->spin_ns = spin_ns < 0 ? 0 : spin_ns;
     a->oversubscribed = over;
     Py_RETURN_NONE;
 }
@@ -1058,7 +1068,7 @@ static PyMethodDef Arena_methods[] = {
      "wait(target, budget_ns) -> True when every peer reached target"},
     {"lagging", (PyCFunction)Arena_lagging, METH_O, "peers whose counter is below target"},
     {"set_spin", (PyCFunction)(void (*)(void))Arena_set_spin, METH_FASTCALL,
-     "set_spin(pure_spins, yield_ns, oversubscribed)"},
+     "set_spin(pure_spins, yield_ns, oversubscribed, spin_ns=0)"},
     {"release", (PyCFunction)Arena_release, METH_NOARGS, "let go of the segment's memory"},
     {NULL, NULL, 0, NULL},
 };

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import _config
-from .arena import NBUF, Arena, layout
+from .arena import NBUF, Arena, affinity, layout
 
 try:
     from .. import _native
@@ -58,6 +58,13 @@ NT_BYTES = 16 << 20
 # p=4 on 2 cores, alternating in the same ranks, a 4 B all_reduce took 23-24 us yielding
 # 30-300 us first and 62 us sleeping at once; 16 MiB 25-27 ms and 23 ms.
 OVERSUBSCRIBED_YIELD_SECONDS = 50e-6
+# A rank pinned to a core of its own (mpirun's binding; ranks not outnumbering cores)
+# spins this long before it yields: yielding hands its core to whatever else runs there
+# for a time slice, and a phase then costs milliseconds on a busy machine. Pinned p=2,
+# alternating in the same ranks (load 7): 1 / 4 / 16 MiB 43 us / 0.44 / 2.5 ms spinning
+# 100 us first, 141 us / 0.75 / 3.9 ms yielding at once. Unpinned ranks do not spin: two
+# of them may share a core, and a spinner then keeps its peer off it.
+PINNED_SPIN_SECONDS = 100e-6
 
 
 def enabled() -> bool:
@@ -118,7 +125,9 @@ class NativeArena:
         seconds = a.yield_seconds
         if a.oversubscribed:
             seconds = min(seconds, OVERSUBSCRIBED_YIELD_SECONDS)
-        self.c.set_spin(a.pure_spins, int(seconds * 1e9), a.oversubscribed)
+        pinned = len(affinity()) == 1 and not a.oversubscribed
+        spin = PINNED_SPIN_SECONDS if pinned else 0.0
+        self.c.set_spin(a.pure_spins, int(seconds * 1e9), a.oversubscribed, int(spin * 1e9))
 
     def plan(
         self,
