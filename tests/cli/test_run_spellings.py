@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -117,7 +118,7 @@ def test_module_and_no_python(tmp_path):
 def test_version_and_errors_from_runs_own_parser():
     res = pyrun("--version")
     assert res.returncode == 0 and res.stdout.startswith("pycollective 0.")
-    res = pyrun("run", "--log-dir", "x", "train.py")
+    res = pyrun("run", "--bogus", "x", "train.py")
     assert res.returncode == 2
     assert "usage: pycollective run" in res.stderr and "unrecognized arguments" in res.stderr
 
@@ -172,3 +173,27 @@ def test_refusals_say_what_to_do(argv, says):
 def test_refusals_exit_2_with_the_message(capsys):
     assert main(["run", "--nnodes", "1:4", "true"]) == 2
     assert "pycollective run: --nnodes 1:4" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--log-dir", "logs"], "--log-dir (torchrun's) is not supported: every line"),
+        (["--log_dir", "logs"], "redirect those"),
+        (["-r", "3"], "--redirects (torchrun's) is not supported"),
+        (["--tee", "3"], "--no-prefix drops it"),
+        (["--local_ranks_filter", "0"], "grep"),
+        (["--local-addr", "10.0.0.1"], "PYCOLLECTIVE_SOCKET_IFNAME"),
+    ],
+)
+def test_torchrun_options_without_a_counterpart_say_what_to_do(argv, says):
+    with pytest.raises(UsageError, match=re.escape(says)):
+        _options(*argv)
+
+
+def test_torchrun_agent_options_are_ignored_with_a_note(capsys):
+    got = _options("--monitor_interval", "1", "--start-method", "spawn", "-n", "2")
+    assert got["nprocs"] == 2
+    err = capsys.readouterr().err
+    assert "--monitor-interval (torchrun's) is ignored" in err
+    assert "--start-method (torchrun's) is ignored" in err

@@ -698,6 +698,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-prefix", dest="prefix", action="store_false",
         help='do not prefix output lines with "[rank N]: "',
     )  # fmt: skip
+    # torchrun's other options: named, so that their message says what to do instead of
+    # argparse's "unrecognized arguments" (resolve_options).
+    for names in _TORCHRUN_OTHERS:
+        parser.add_argument(
+            *names, dest="torchrun_others", action="append", type=lambda v, n=names[0]: (n, v),
+            default=[], help=argparse.SUPPRESS,
+        )  # fmt: skip
     parser.add_argument(
         "command", nargs=argparse.REMAINDER,
         help="program and arguments (a .py file runs with this Python)",
@@ -729,8 +736,48 @@ def _nnodes(text: str) -> int:
         raise UsageError(f"--nnodes must be a number, got {text!r}") from None
 
 
+# torchrun options with no counterpart here: the ones that only tune torchrun's own agent
+# are ignored with a note; the ones a job's outcome depends on are refused, saying instead.
+_TORCHRUN_IGNORED = {
+    "--monitor-interval": "the launcher watches its ranks every 20 ms",
+    "--start-method": "every rank is a process of its own (a fresh interpreter)",
+    "--rdzv-conf": "the store's timeouts follow PYCOLLECTIVE_TIMEOUT",
+    "--role": "every rank has the role 'default'",
+}
+_TORCHRUN_REFUSED = {
+    "--log-dir": "every line of every rank comes to the launcher's stdout/stderr with a "
+    "[rank N] prefix: redirect those (pycollective run ... > job.log 2>&1)",
+    "--redirects": "output is always forwarded line by line with a [rank N] prefix "
+    "(--no-prefix drops it)",
+    "--tee": "output is always forwarded line by line with a [rank N] prefix "
+    "(--no-prefix drops it)",
+    "--local-ranks-filter": "every rank's output is shown; filter it with grep '^\\[rank 0\\]'",
+    "--run-path": "ranks are processes of their own: run the script itself",
+    "--local-addr": "set PYCOLLECTIVE_SOCKET_IFNAME to choose the interface ranks listen on",
+}
+_TORCHRUN_OTHERS = [
+    (name, name.replace("-", "_").replace("__", "--"), *(("-r",) if name == "--redirects"
+                                                          else ("-t",) if name == "--tee"
+                                                          else ()))
+    for name in (*_TORCHRUN_IGNORED, *_TORCHRUN_REFUSED)
+]  # fmt: skip
+
+
+def _torchrun_others(given: list[tuple[str, str]]) -> list[str]:
+    """Notes for torchrun's options that do not apply here; UsageError for those a job
+    depends on."""
+    notes = []
+    for name, _value in given:
+        if name in _TORCHRUN_REFUSED:
+            raise UsageError(f"{name} (torchrun's) is not supported: {_TORCHRUN_REFUSED[name]}")
+        notes.append(f"pycollective run: {name} (torchrun's) is ignored: {_TORCHRUN_IGNORED[name]}")
+    return notes
+
+
 def resolve_options(args: argparse.Namespace) -> dict:
     """The parsed command line as launch()'s keyword arguments (raises UsageError)."""
+    for note in _torchrun_others(getattr(args, "torchrun_others", [])):
+        print(note, file=sys.stderr)
     nprocs = _count(str(args.nprocs), "-n/--nproc-per-node")
     nnodes = _nnodes(str(args.nnodes))
     master_addr, master_port = args.master_addr, args.master_port
