@@ -50,6 +50,10 @@ DEFAULT_MAX_UNEXPECTED = 8 << 30  # bytes held for receives not yet posted
 # the abort notice saying why, instead of a hang-up that looks like this rank crashed.
 FINISH_BYTES = 64 << 20
 FINISH_SECONDS = 1.0
+SPIN_SECONDS = 50e-6  # how long an exchange first polls without blocking (adapted in _drive)
+SPIN_MAX = 200e-6
+SPIN_MIN = 2e-6
+SPIN_RETRY = 64  # exchanges after polling was given up before it is tried again
 CLOSE_LINGER = 0.25  # seconds close() waits for peers to hang up too (see _linger)
 _DIRECT_BYTES = 16 * 1024  # payload left beyond this skips the buffer
 _SINK_BYTES = 1 << 20  # a sink's pieces: cache-sized (L2), a multiple of every item size
@@ -122,6 +126,10 @@ class TCPTransport(Transport):
         # poller from any thread.
         self._calls = CallTracker(rank)
         self._interrupted: str | None = None
+        # How long an exchange polls without blocking before it sleeps in the selector
+        # (adapted: see _drive), and exchanges since that last fell to 0.
+        self._spin = SPIN_SECONDS
+        self._unspun = 0
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -414,9 +422,25 @@ class TCPTransport(Transport):
         label: str,
         seq: int | None = None,
     ) -> None:
-        probe_at = time.monotonic() + PROBE_AFTER if recvs else None
+        now = time.monotonic()
+        probe_at = now + PROBE_AFTER if recvs else None
+        # Poll without blocking for a moment first: a small message from a peer that is
+        # running arrives within microseconds, where sleeping in the selector adds two
+        # context switches to every step (the sender's wake-up of the sleeper, and back).
+        # Adapted to what pays: doubled (to SPIN_MAX) when the exchange ends while
+        # polling, quartered (to 0) when it does not, as when ranks outnumber the cores
+        # and a poller only keeps its peer off the core; retried every SPIN_RETRY.
+        spin = self._spin
+        if not spin:
+            self._unspun += 1
+            if self._unspun >= SPIN_RETRY:
+                self._unspun = 0
+                spin = SPIN_SECONDS
+        spin_until = now + spin
         while True:
             if all(m.done for m in recvs) and all(m.done for m in sends):
+                if spin:
+                    self._spin = min(2 * spin, SPIN_MAX)
                 return
             if deadline is None:
                 timeout = 1.0
@@ -434,6 +458,11 @@ class TCPTransport(Transport):
                     self._probe(recvs)
                 else:
                     timeout = min(timeout, until_probe)
+            if spin:
+                if time.monotonic() < spin_until:
+                    timeout = 0.0
+                else:  # polling did not pay this time
+                    self._spin = spin = spin / 4 if spin >= 4 * SPIN_MIN else 0.0
             self._pump(timeout)
             self._raise_if_aborted(group, seq, sends, recvs)
             self._raise_if_interrupted()
