@@ -194,6 +194,8 @@ def test_rank_that_never_calls_times_out_the_others_and_fails_itself(nprocs: int
         assert t["error"] == "CollectiveTimeout", describe(r)
         assert timeout - 0.1 <= t["elapsed"] < timeout + 1.0, describe(r)
         assert "timed out waiting for rank(s)" in t["msg"], describe(r)
+        # ... and says after how long, and how to change it
+        assert f"after {timeout:g} s; set timeout= or PYCOLLECTIVE_TIMEOUT" in t["msg"], describe(r)
         named.update(s["timeout-info"]["waiting_on"])
         assert _is_collective_error(s["after"]), describe(r)
     assert sleepy in named, steps
