@@ -590,6 +590,9 @@ static void pl_put(ArenaObject *a, call_t *c, int64_t s, int64_t buf)
         break;
     case C_ALL_GATHER:
         copy(a, slot(a, buf, r), c->in + lo * isz, (size_t)m * isz);
+        /* my own block of the output, chunk by chunk while the input is in cache (and
+         * while the peers catch up), instead of all of it before the first phase */
+        copy_out(a, c, c->out + (size_t)(r * c->n + lo) * isz, c->in + lo * isz, (size_t)m * isz);
         break;
     case C_REDUCE_SCATTER: {
         char *mine = slot(a, buf, r);
@@ -641,7 +644,6 @@ static int run_pipeline(ArenaObject *a, call_t *c, int64_t end)
             break;
         case C_ALL_GATHER:
             c->per = a->slot_bytes / (int64_t)isz;
-            copy(a, c->out + (size_t)(r * c->n) * isz, c->in, (size_t)c->n * isz);
             break;
         case C_REDUCE_SCATTER:
             c->per = a->slot_bytes / (int64_t)isz / p;
