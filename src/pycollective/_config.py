@@ -279,7 +279,8 @@ def _vars() -> tuple[Var, ...]:
             SWITCH,
             "1",
             "0: the shared-memory arena runs in Python (the reference) instead of the "
-            "compiled pycollective._native.",
+            "compiled pycollective._native; at build time (pip install, setup.py), the "
+            "extension is not built.",
         ),
         Var(
             "PYCOLLECTIVE_NUM_SERVERS",
