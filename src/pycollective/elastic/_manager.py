@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -452,10 +453,13 @@ class Manager:
         try:
             return self._store.check([self._key("round", self._round + 1, "n")])
         except StoreError as exc:
-            if not self._store_warned:
+            if not self._store_warned:  # said even when the program configured no logging
                 self._store_warned = True
-                log.warning("elastic: the store is unreachable (%s); no member can join, and "
-                            "the next membership change will fail", exc)  # fmt: skip
+                warnings.warn(
+                    f"elastic: the store is unreachable ({exc}); training goes on, but no "
+                    "member can join, and the next membership change will fail",
+                    RuntimeWarning, stacklevel=2,
+                )  # fmt: skip
             return False
 
     def _joiner_waits(self) -> bool:
