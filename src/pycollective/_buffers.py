@@ -36,42 +36,45 @@ def _is_torch_tensor(obj: object) -> bool:
 
 
 class _TensorMemory:
-    """The bytes of a tensor, seen through numpy's array interface: `np.asarray` of it is a
-    view whose base keeps the tensor alive. Tensor.numpy() would do the same, but marks
+    """The memory of a tensor, seen through numpy's array interface: `np.asarray` of it is
+    a view whose base keeps the tensor alive. Tensor.numpy() would do the same, but marks
     the tensor's storage non-resizable for ever (FSDP then cannot free a flat parameter
     with resize_(0)); a raw pointer leaves the storage alone."""
 
     __slots__ = ("__array_interface__", "tensor")
 
-    def __init__(self, tensor: Any, nbytes: int) -> None:
+    def __init__(self, tensor: Any, count: int, typestr: str) -> None:
         self.tensor = tensor
         self.__array_interface__ = {
-            "shape": (nbytes,),
-            "typestr": "|u1",
+            "shape": (count,),
+            "typestr": typestr,
             "data": (tensor.data_ptr(), False),
             "version": 3,
         }
 
 
-_torch_dtypes: dict[Any, DType] = {}
+# torch dtype -> (ours, the array-interface type string of its elements, or None for
+# bfloat16, whose numpy dtype has none: viewed as raw bytes, then as ml_dtypes' bfloat16)
+_torch_dtypes: dict[Any, tuple[DType, str | None]] = {}
 
 
-def _torch_dtype(torch: Any, dt: Any) -> DType | None:
+def _torch_dtype(torch: Any, dt: Any) -> tuple[DType, str | None] | None:
     if not _torch_dtypes:
         for name in (
             "float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
             "uint8", "uint16", "uint32", "uint64", "bool", "complex64", "complex128",
         ):  # fmt: skip
-            _torch_dtypes[getattr(torch, name)] = _dtypes.BY_NAME[name]
+            ours = _dtypes.BY_NAME[name]
+            typestr = None if name == "bfloat16" else ours.numpy.str
+            _torch_dtypes[getattr(torch, name)] = (ours, typestr)
     return _torch_dtypes.get(dt)
 
 
 def _torch_view(t: Any, what: str) -> tuple[np.ndarray, DType]:
-    import torch
-
-    if t.device.type != "cpu":
+    torch = sys.modules["torch"]
+    if not t.is_cpu:
         raise UsageError(f"{what} is on device {t.device}; pycollective handles CPU tensors only")
-    if t.is_sparse or t.layout != torch.strided:
+    if t.layout is not torch.strided:
         raise UsageError(f"{what} must be a dense (strided) tensor, got layout {t.layout}")
     if not t.is_contiguous():
         raise UsageError(f"{what} must be contiguous (call .contiguous() first)")
@@ -80,13 +83,16 @@ def _torch_view(t: Any, what: str) -> tuple[np.ndarray, DType]:
             f"{what} has its conjugate or negative bit set (its memory does not hold its "
             "values): call .resolve_conj() / .resolve_neg() first"
         )
-    dtype = _torch_dtype(torch, t.dtype)
-    if dtype is None:
+    found = _torch_dtype(torch, t.dtype)
+    if found is None:
         raise UsageError(f"{what} has dtype {t.dtype}, which pycollective cannot carry")
+    dtype, typestr = found
     n = t.numel()
     if n == 0:
         return np.empty(0, dtype.numpy), dtype
-    raw = np.asarray(_TensorMemory(t, n * dtype.itemsize))
+    if typestr is not None:
+        return np.asarray(_TensorMemory(t, n, typestr)), dtype
+    raw = np.asarray(_TensorMemory(t, n * dtype.itemsize, "|u1"))
     return raw.view(dtype.numpy), dtype
 
 

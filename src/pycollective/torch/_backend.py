@@ -228,7 +228,7 @@ def _dense_device(t: torch.Tensor, what: str) -> torch.Tensor:
 
 
 def _dense(t: torch.Tensor, what: str) -> torch.Tensor:
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise UsageError(f"{what} is on {t.device}; the pycollective backend is CPU only")
     return t
 
@@ -368,8 +368,9 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         tensors = _tensors(tensors, "allreduce tensors")
         rop = _op_of(op if op is not None else opts)
         seconds = _timeout_of(opts, timeout)
-        if any(t.is_sparse for t in tensors):
-            return self._sparse_allreduce(tensors, rop, seconds)
+        for t in tensors:
+            if t.is_sparse:
+                return self._sparse_allreduce(tensors, rop, seconds)
         staged = _Staged()
         works = [
             _api.all_reduce(
