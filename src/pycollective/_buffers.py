@@ -102,7 +102,10 @@ def as_buffer(obj: object, what: str = "tensor", writable: bool = True) -> Buffe
         dtype = _dtypes.from_numpy_dtype(obj.dtype)
         flags = obj.flags
         if dtype is not None and flags.c_contiguous and (flags.writeable or not writable):
-            return Buffer(obj if obj.ndim == 1 else obj.reshape(-1), dtype, obj)
+            flat = obj if obj.ndim == 1 else obj.reshape(-1)
+            if flat.dtype is not dtype.numpy and dtype is _dtypes.BFLOAT16:
+                flat = flat.view(dtype.numpy)  # ml_dtypes' bfloat16: its raw bits
+            return Buffer(flat, dtype, obj)
     if _is_torch_tensor(obj):
         arr, dtype = _torch_view(obj, what)
         return Buffer(arr, dtype, obj)
@@ -127,4 +130,7 @@ def as_buffer(obj: object, what: str = "tensor", writable: bool = True) -> Buffe
     dtype = _dtypes.from_numpy(arr.dtype)
     if dtype is None:
         raise UsageError(f"{what} has dtype {arr.dtype}, which pycollective cannot carry")
-    return Buffer(arr.reshape(-1), dtype, obj)
+    flat = arr.reshape(-1)
+    if dtype is _dtypes.BFLOAT16:
+        flat = flat.view(dtype.numpy)  # ml_dtypes' bfloat16: its raw bits
+    return Buffer(flat, dtype, obj)

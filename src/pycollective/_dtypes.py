@@ -6,13 +6,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-try:  # ml_dtypes gives numpy a real bfloat16; without it bfloat16 travels as raw uint16
-    import ml_dtypes as _ml_dtypes
-
-    _NP_BFLOAT16: np.dtype | None = np.dtype(_ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover - exercised only where ml_dtypes is absent
-    _NP_BFLOAT16 = None
-
 
 @dataclass(frozen=True)
 class DType:
@@ -52,8 +45,10 @@ _TABLE = [
     _d("bool", 12, np.bool_, "b"),
     _d("complex64", 13, np.complex64, "c"),
     _d("complex128", 14, np.complex128, "c"),
-    # bfloat16 is stored as whatever numpy can hold: ml_dtypes' bfloat16, or raw uint16 bits.
-    _d("bfloat16", 15, _NP_BFLOAT16 if _NP_BFLOAT16 is not None else np.uint16, "f"),
+    # bfloat16 travels and is reduced as its raw bits (uint16): numpy has no bfloat16 of
+    # its own, and ml_dtypes' (half a second of CPU to import, in every process) is needed
+    # only by programs that hold such arrays, which have imported it already.
+    _d("bfloat16", 15, np.uint16, "f"),
     _d("byte", 16, np.uint8, "u"),  # raw bytes of object collectives
 ]
 
@@ -65,18 +60,20 @@ BYTE = BY_NAME["byte"]
 _BY_NUMPY: dict[np.dtype, DType] = {
     d.numpy: d for d in _TABLE if d.name not in ("bfloat16", "byte")
 }
-if _NP_BFLOAT16 is not None:
-    _BY_NUMPY[_NP_BFLOAT16] = BFLOAT16
 
 
 def from_numpy_dtype(dtype: np.dtype) -> DType | None:
-    """from_numpy for what is already an np.dtype (an array's .dtype): no conversion."""
-    return _BY_NUMPY.get(dtype)
+    """from_numpy for what is already an np.dtype (an array's .dtype): no conversion.
+    A bfloat16 array (ml_dtypes') is BFLOAT16: view it as uint16 to carry it."""
+    found = _BY_NUMPY.get(dtype)
+    if found is None and dtype.name == "bfloat16" and dtype.itemsize == 2:
+        return BFLOAT16
+    return found
 
 
 def from_numpy(dtype: np.dtype) -> DType | None:
     """The DType of a numpy dtype, or None when pycollective cannot carry it."""
-    return _BY_NUMPY.get(np.dtype(dtype))
+    return from_numpy_dtype(np.dtype(dtype))
 
 
 def code_name(code: int) -> str:

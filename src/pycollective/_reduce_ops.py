@@ -104,8 +104,8 @@ def kernel(op: ReduceOp, dtype: DType) -> Kernel:
         ufunc = _BOOL_UFUNC[op]
     else:
         ufunc = _UFUNC[op]
-    if dtype is BFLOAT16 and dtype.numpy == np.dtype(np.uint16):
-        # No ml_dtypes: widen the raw bits to float32, reduce, round back.
+    if dtype is BFLOAT16:
+        # On the raw bits (how bfloat16 travels): widen to float32, reduce, round back.
         def bf16_kernel(dst: np.ndarray, src: np.ndarray) -> None:
             out = ufunc(_bf16_bits_to_f32(dst), _bf16_bits_to_f32(src))
             dst[...] = _f32_to_bf16_bits(np.ascontiguousarray(out, dtype=np.float32))
@@ -131,8 +131,7 @@ def finish_average(data: np.ndarray, dtype: DType, divisor: int) -> None:
         quotient[(data < 0) & (quotient * divisor != data)] += 1
         data[...] = quotient
     elif dtype is BFLOAT16:
-        # On the raw bits, with or without ml_dtypes: the same rounding (and NaNs) as
-        # the arena's compiled kernels.
+        # On the raw bits: the same rounding (and NaNs) as the arena's compiled kernels.
         bits = data.view(np.uint16)
         bits[...] = _f32_to_bf16_bits(_bf16_bits_to_f32(bits) / np.float32(divisor))
     else:

@@ -66,26 +66,28 @@ def _unaligned(a: np.ndarray) -> np.ndarray:
     return view
 
 
-def _nan_mask(a: np.ndarray) -> np.ndarray:
-    """Where `a` holds NaNs, per float (complex: per component), from the bits."""
+def _nan_mask(a: np.ndarray, bf16: bool = False) -> np.ndarray:
+    """Where `a` holds NaNs, per float (complex: per component), from the bits. bfloat16
+    travels as its raw uint16 bits: `bf16` says that is what `a` holds."""
     if a.dtype.kind == "c":
         a = a.view(np.float32 if a.dtype.itemsize == 8 else np.float64)
+    if bf16:
+        return (a.view(np.uint16) & 0x7FFF) > 0x7F80
     if a.dtype.kind in "iub":
         return np.zeros(a.shape, bool)
-    if a.dtype.itemsize == 2:  # float16 or bfloat16 bits
-        bits = a.view(np.uint16) & 0x7FFF
-        return bits > (0x7C00 if a.dtype == np.float16 else 0x7F80)
+    if a.dtype.itemsize == 2:  # float16 bits
+        return (a.view(np.uint16) & 0x7FFF) > 0x7C00
     return np.isnan(a)
 
 
-def _same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
+def _same_bits(got: np.ndarray, want: np.ndarray, what: str, bf16: bool = False) -> None:
     """Bit for bit, except that a NaN matches any NaN: which operand's payload (and sign)
     an addition of two NaNs keeps is the hardware's and the compiler's choice (operands of
     a commutative op may be swapped), in numpy as in our kernels."""
     want = np.ascontiguousarray(want)
     unit = {8: np.float32, 16: np.float64}[got.itemsize] if got.dtype.kind == "c" else got.dtype
     g, w = got.view(unit), want.view(unit)
-    both_nan = _nan_mask(g) & _nan_mask(w)
+    both_nan = _nan_mask(g, bf16) & _nan_mask(w, bf16)
     size = g.itemsize
     differ = (g.view(np.uint8).reshape(-1, size) != w.view(np.uint8).reshape(-1, size)).any(1)
     bad = np.nonzero(differ & ~both_nan)[0]
@@ -107,6 +109,7 @@ def kernels(request):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 def test_every_op_matches_the_reference(kernels, dtype) -> None:
     rng = np.random.default_rng(dtype.code)
+    bf16 = dtype is _dtypes.BFLOAT16
     for op in _valid_ops(dtype):
         divisor = 3 if op is ReduceOp.AVG else 0
         for n in LENGTHS:
@@ -116,16 +119,18 @@ def test_every_op_matches_the_reference(kernels, dtype) -> None:
                 fused_reduce(op, dtype, want, srcs, divisor)
                 got = np.empty(n, dtype.numpy)
                 _native.reduce(int(op), dtype.code, got, srcs, divisor)
-                _same_bits(got, want, f"{kernels} {op.name} {dtype.name} n={n} m={m}")
+                _same_bits(got, want, f"{kernels} {op.name} {dtype.name} n={n} m={m}", bf16)
                 if n:
                     odd = [_unaligned(s) for s in srcs]
                     out = _unaligned(np.zeros(n, dtype.numpy))
                     _native.reduce(int(op), dtype.code, out, odd, divisor)
-                    _same_bits(out, want, f"unaligned {op.name} {dtype.name} n={n} m={m}")
+                    _same_bits(out, want, f"unaligned {op.name} {dtype.name} n={n} m={m}", bf16)
                     # out may be any of the inputs (the arena reduces into a rank's own data)
                     alias = [s.copy() for s in srcs]
                     _native.reduce(int(op), dtype.code, alias[-1], alias, divisor)
-                    _same_bits(alias[-1], want, f"in place {op.name} {dtype.name} n={n} m={m}")
+                    _same_bits(
+                        alias[-1], want, f"in place {op.name} {dtype.name} n={n} m={m}", bf16
+                    )
 
 
 def test_undefined_ops_are_refused() -> None:
@@ -152,7 +157,9 @@ def test_every_half_precision_value_rounds_like_the_reference(kernels, name) -> 
             fused_reduce(op, dtype, want, [every, other, every], 3)
             got = np.empty_like(every)
             _native.reduce(int(op), dtype.code, got, [every, other, every], 3)
-            _same_bits(got, want, f"{kernels} {name} {op.name} partner {partner:#06x}")
+            _same_bits(
+                got, want, f"{kernels} {name} {op.name} partner {partner:#06x}", name == "bfloat16"
+            )
 
 
 def test_fused_avg_equals_sum_then_finish_average() -> None:
@@ -167,7 +174,7 @@ def test_fused_avg_equals_sum_then_finish_average() -> None:
         finish_average(want, dtype, 4)
         got = np.empty(999, dtype.numpy)
         _native.reduce(int(ReduceOp.AVG), dtype.code, got, srcs, 4)
-        _same_bits(got, want, f"AVG {dtype.name}")
+        _same_bits(got, want, f"AVG {dtype.name}", dtype is _dtypes.BFLOAT16)
 
 
 FLOATS = [_dtypes.BY_NAME[n] for n in ("float16", "bfloat16", "float32", "float64")]
@@ -192,4 +199,4 @@ def test_any_bits(dtype, op, m, data) -> None:
     fused_reduce(op, dtype, want, srcs, divisor)
     got = np.empty(n, dtype.numpy)
     _native.reduce(int(op), dtype.code, got, srcs, divisor)
-    _same_bits(got, want, f"{op.name} {dtype.name}")
+    _same_bits(got, want, f"{op.name} {dtype.name}", dtype is _dtypes.BFLOAT16)
