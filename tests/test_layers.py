@@ -90,6 +90,7 @@ REGISTRIES: dict[tuple[str, str], str] = {
         "_calls",
     ): "whether the call being issued is async (per thread)",
     ("pycollective._buffers", "_torch_dtypes"): "cache: torch dtype -> ours, filled on first use",
+    ("pycollective.api.collectives", "_checked_ops"): "cache: (op, dtype) pairs already checked",
     ("pycollective.torch._backend", "_our_ops"): "cache: torch's RedOpType -> ours, on first use",
 }
 
