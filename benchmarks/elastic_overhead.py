@@ -120,13 +120,13 @@ def worker(args: argparse.Namespace) -> None:
         medians[m] = [float(np.median(wall[m]))]
         medians[f"cpu_{m}"] = [float(np.median(cpu[m])) / size]
     # The manager's own work, timed directly: the leader's look at the store for newcomers
-    # (the only I/O it adds; at most every 50 ms, here forced each time) and the step's
-    # bookkeeping.
+    # (the only I/O it adds, made by a thread every 50 ms, off the step's path) and the
+    # step's bookkeeping.
     n = 200
     t0 = time.perf_counter()
+    key = manager._key("round", manager.round + 1, "n")
     for _ in range(n):
-        manager._looked = 0.0  # as if the poll interval had passed: one real look each
-        manager._leader_sees_joiner()
+        manager._store.check([key])  # what the leader's watcher thread does every 50 ms
     store_check = (time.perf_counter() - t0) / n
     t0 = time.perf_counter()
     for _ in range(n):
@@ -178,10 +178,9 @@ def main() -> int:
         "elastic_vs_plain": over, "elastic_vs_plain_cpu": over_cpu,
         "elastic_vs_ddp": ms["elastic"] / ms["ddp"] - 1,
         "manager_work_ms": {k[:-2]: 1000 * v for k, v in direct.items()},
-        # the leader looks at most every 50 ms: a fraction of a look per step when faster
-        "manager_work_vs_plain_step": 1000 * (
-            direct["store_check_s"] * min(1.0, ms["plain"] / 50.0) + direct["bookkeeping_s"]
-        ) / ms["plain"],
+        # the step's own part (the look at the store is a thread's, every 50 ms)
+        "manager_work_vs_plain_step": 1000 * direct["bookkeeping_s"] / ms["plain"],
+        "watcher_cpu_share": direct["store_check_s"] / 0.05,
         "load_before": load0, "load_after": load1,
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }  # fmt: skip
@@ -192,10 +191,10 @@ def main() -> int:
     print(f"  elastic vs plain: {100 * over:+.1f}% wall, {100 * over_cpu:+.1f}% CPU; "
           f"vs ddp: {100 * report['elastic_vs_ddp']:+.1f}% wall")  # fmt: skip
     work = report["manager_work_ms"]
-    print(f"  the manager's own work, timed directly: store check {work['store_check']:.3f} ms "
-          f"(the leader, at most every 50 ms), bookkeeping {work['bookkeeping']:.3f} ms per "
-          f"step: "
-          f"{100 * report['manager_work_vs_plain_step']:.2f}% of a plain step")  # fmt: skip
+    print(f"  the manager's own work, timed directly: bookkeeping {work['bookkeeping']:.3f} ms "
+          f"per step ({100 * report['manager_work_vs_plain_step']:.2f}% of a plain step); the "
+          f"leader's watcher thread: {work['store_check']:.3f} ms per look every 50 ms "
+          f"({100 * report['watcher_cpu_share']:.2f}% of a core, off the step's path)")  # fmt: skip
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1))
     return 0

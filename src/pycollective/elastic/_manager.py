@@ -24,6 +24,7 @@ import pickle
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 import warnings
@@ -50,7 +51,7 @@ log = logging.getLogger("pycollective.elastic")
 
 _POLL = 0.01  # seconds between looks at a round's registrations
 _SLICE = 0.05  # a watched store wait checks the members' leases this often
-_JOIN_POLL = 0.05  # the leader looks for newcomers in the store at most this often
+_JOIN_POLL = 0.05  # the leader's watcher looks for newcomers in the store this often
 
 
 class ElasticError(CollectiveError):
@@ -199,7 +200,7 @@ class Manager:
         self._carried = False  # this step's gradients carried the joiner flag
         self._in_step = False
         self._store_warned = False
-        self._looked = 0.0  # when the leader last looked for newcomers
+        self._joiner_seen: int | None = None  # the round whose successor a newcomer awaits
         self._closed = False
         self._sampler: Any = None
         self._flat: dict[Any, Any] = {}
@@ -317,21 +318,12 @@ class Manager:
         if self._error is not None or self.group is None:
             return False
         weight = self._sampler.share() if self._sampler is not None else 1.0 / self.size
-        views = [np.asarray(b) for b in buffers]
-        by_dtype: dict[np.dtype, list[np.ndarray]] = {}
-        for v in views:
-            by_dtype.setdefault(v.dtype, []).append(v)
+        views = [b if isinstance(b, np.ndarray) else np.asarray(b) for b in buffers]
+        plan = self._plan([(v.dtype, v.size, v.flags.c_contiguous) for v in views])
         flag = 1.0 if self.is_leader() and self._leader_sees_joiner() else 0.0
-        for n, dtype in enumerate(sorted(by_dtype, key=str)):
-            vs = by_dtype[dtype]
-            total = sum(v.size for v in vs)
-            flat = self._flat.get((dtype, total))
-            if flat is None:
-                flat = self._flat[(dtype, total)] = np.empty(total + 1, dtype)
-            at = 0
-            for v in vs:
-                flat[at : at + v.size] = v.reshape(-1)
-                at += v.size
+        for n, (flat, total, parts) in enumerate(plan):
+            for i, at, size in parts:
+                flat[at : at + size] = views[i].reshape(-1)
             if weight != 1.0:
                 np.multiply(flat[:total], weight, out=flat[:total], casting="unsafe")
             flat[total] = flag if n == 0 else 0
@@ -340,11 +332,33 @@ class Manager:
             if n == 0:
                 self._pending = bool(flat[total] > 0)
                 self._carried = True
-            at = 0
-            for v in vs:
-                v.reshape(-1)[:] = flat[at : at + v.size]  # v is contiguous: a view
-                at += v.size
+            for i, at, size in parts:
+                views[i].reshape(-1)[:] = flat[at : at + size]  # contiguous: a view
         return True
+
+    def _plan(self, layout: list[tuple[Any, int, bool]]) -> list[tuple[np.ndarray, int, list]]:
+        """Where each buffer goes in the flat buffer of its dtype (made once per layout:
+        the same gradients every step cost no sorting or allocation)."""
+        key = tuple(layout)
+        plan = self._flat.get(key)
+        if plan is not None:
+            return plan
+        if not all(contiguous for _, _, contiguous in layout):
+            raise UsageError(
+                "average() needs C-contiguous buffers (it writes the mean back in place)"
+            )
+        groups: dict[Any, list[int]] = {}
+        for i, (dtype, _, _) in enumerate(layout):
+            groups.setdefault(dtype, []).append(i)
+        plan = []
+        for dtype in sorted(groups, key=str):  # the same order on every member
+            parts, at = [], 0
+            for i in groups[dtype]:
+                parts.append((i, at, layout[i][1]))
+                at += layout[i][1]
+            plan.append((np.empty(at + 1, dtype), at, parts))
+        self._flat[key] = plan
+        return plan
 
     # ------------------------------------------------------------------ leaving
 
@@ -442,25 +456,40 @@ class Manager:
         return self._store.check([self._lease_key(uid)])
 
     def _leader_sees_joiner(self) -> bool:
-        """Whether a newcomer registered for the next round (the leader asks the store at
-        most every _JOIN_POLL seconds: a fast step does not pay a round trip each time)."""
-        if self._round is None:
-            return False
-        now = time.monotonic()
-        if now - self._looked < _JOIN_POLL:
-            return False
-        self._looked = now
-        try:
-            return self._store.check([self._key("round", self._round + 1, "n")])
-        except StoreError as exc:
-            if not self._store_warned:  # said even when the program configured no logging
-                self._store_warned = True
-                warnings.warn(
-                    f"elastic: the store is unreachable ({exc}); training goes on, but no "
-                    "member can join, and the next membership change will fail",
-                    RuntimeWarning, stacklevel=2,
-                )  # fmt: skip
-            return False
+        """Whether a newcomer registered for the next round, as the leader's watcher last
+        saw it (a flag: the step itself never waits on the store)."""
+        return self._round is not None and self._joiner_seen == self._round
+
+    def _watch_for_joiners(self) -> None:
+        """On the leader: a thread that looks in the store every _JOIN_POLL seconds for a
+        newcomer registered for the round after this one, and raises the flag. Off the
+        step's path, so the other members never wait in the all_reduce for the leader's
+        round trip to the store. It ends with the round (or the manager)."""
+        round_ = self._round
+        key = self._key("round", round_ + 1, "n")
+
+        def watch() -> None:
+            while not self._closed and self._round == round_:
+                try:
+                    if self._store.check([key]):
+                        self._joiner_seen = round_
+                        return
+                except StoreError as exc:
+                    if not self._closed:
+                        self._warn_store(exc)
+                    return
+                time.sleep(_JOIN_POLL)
+
+        threading.Thread(target=watch, name="pycollective-elastic-watch", daemon=True).start()
+
+    def _warn_store(self, exc: BaseException) -> None:
+        if not self._store_warned:  # said even when the program configured no logging
+            self._store_warned = True
+            warnings.warn(
+                f"elastic: the store is unreachable ({exc}); training goes on, but no "
+                "member can join, and the next membership change will fail",
+                RuntimeWarning, stacklevel=2,
+            )  # fmt: skip
 
     def _joiner_waits(self) -> bool:
         """Whether to remake the group now (every member computes the same)."""
@@ -652,6 +681,8 @@ class Manager:
                 self._apply_state(pickle.loads(data.tobytes()))
                 received = True
         self._round, self._members, self._fresh = t, uids, False
+        if rank == 0:
+            self._watch_for_joiners()
         try:
             self._set_latest(t)
             if t == 0 or not self._store.check([self._key("held")]):
