@@ -227,6 +227,7 @@ class Job:
                 proc.wait()
                 rc = -9
         time.sleep(0.2)  # the readers drain
+        shutil.rmtree(self.tmp, ignore_errors=True)  # every member is gone: nothing writes
         return rc
 
     def leftovers(self, also: list[int] = ()) -> list[str]:
