@@ -43,7 +43,8 @@ class Member:
 @dataclass
 class Kill:
     kind: str  # "step" (a random moment), "collective" (the others wait in the all_reduce
-    # for it), "recovery" (during the round after another kill), "joining", "double"
+    # for it), "recovery" (during the round after another kill), "joining", "double",
+    # "donor" (the leader, while a replacement joins and receives its state)
     victims: list[int]
     at: float
     committed_before: int = 0  # the highest step committed by a survivor before the kill
@@ -324,8 +325,8 @@ def kills_in_a_row(
     round after a first kill forms (mid-recovery), a replacement as it joins, and two at
     once; the launcher starts a replacement after each loss. Then stop and judge."""
     rng = random.Random(seed)
-    plan = ["step", "collective", "double", "recovery", "joining", "step", "collective",
-            "recovery", "step"]  # fmt: skip
+    plan = ["step", "collective", "double", "recovery", "joining", "step", "donor",
+            "collective", "recovery", "step"]  # fmt: skip
     job = Job(4, elastic="2:4", restarts=2 * kills + 2,
               env={"EL_STEPS": "1000000", "EL_SLEEP": "0.02", **(env or {})})  # fmt: skip
     done: list[Kill] = []
@@ -335,7 +336,7 @@ def kills_in_a_row(
         i = 0
         while count < kills:
             kind = plan[i % len(plan)]
-            if kills - count < (2 if kind in ("double", "recovery", "joining") else 1):
+            if kills - count < (2 if kind in ("double", "recovery", "joining", "donor") else 1):
                 kind = "step"  # one kill left
             i += 1
             if not job.wait(lambda j: j.stepping(4), 90):
@@ -353,6 +354,20 @@ def kills_in_a_row(
                 rest = [x for x in live if x not in first.victims]
                 done.append(job.kill([rng.choice(rest)], "recovery"))
                 count += 2
+            elif kind == "donor":
+                # a loss, then the leader (the donor of the state) while the replacement
+                # starts, registers or receives the state
+                newest = max(live)
+                done.append(job.kill([rng.choice([x for x in live if x != newest])], "step"))
+                count += 1
+                if not job.wait(lambda j, n=newest: max(j.members) > n, 60):
+                    problems.append("no replacement started")
+                    break
+                time.sleep(rng.uniform(0.3, 1.5))
+                leaders = [m.id for m in job.live() if m.steps and m.steps[-1]["rank"] == 0]
+                if leaders:
+                    done.append(job.kill(leaders[:1], "donor"))
+                    count += 1
             elif kind == "collective":
                 done.append(job.kill_in_collective(rng.choice(live)))
                 count += 1
