@@ -144,4 +144,16 @@ class DeepSpeed:
         self.torch.distributed.barrier()
 
     def close(self) -> None:
-        pass  # gloo's backend destroys the process group
+        # DeepSpeed never unlinks its shm buffer (a file per rank in /dev/shm, named after
+        # the uid, MASTER_ADDR, MASTER_PORT and the rank): this rank removes its own. The
+        # peers' mappings outlive the name. gloo's backend destroys the process group.
+        name = "deepspeed_allreduce_buffer_{}_{}_{}_{}".format(
+            os.getuid(),
+            os.environ.get("MASTER_ADDR", ""),
+            os.environ.get("MASTER_PORT", ""),
+            self.rank,
+        )
+        try:
+            os.unlink(os.path.join("/dev/shm", name))
+        except OSError:
+            pass
