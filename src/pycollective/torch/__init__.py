@@ -3,11 +3,15 @@
     import pycollective.torch                       # registers the backend
     torch.distributed.init_process_group("pycollective")
 
-After the import, torch's own machinery — DistributedDataParallel (bucketing, overlap with
-backward, no_sync, comm hooks), the functional API, new_group — runs on pycollective's
-collectives for CPU tensors. The backend builds its own pycollective world from torch's
-store, so pycollective's module-level API (`import pycollective as dist`) stays
-independent and may be used in the same process.
+After the import, torch's own machinery — DDP (buckets, no_sync, comm hooks including
+PowerSGD, sparse gradients), Join, FSDP2 and legacy FSDP, DTensor, DCP, pipelining, ZeRO,
+the functional collectives, new_group, the profiler — runs on pycollective's collectives
+for CPU tensors (docs/torch_conformance.md: torch's own suite, each client beside gloo).
+The backend builds its own pycollective world from torch's store, so pycollective's
+module-level API (`import pycollective as dist`) stays independent and may be used in the
+same process. Errors are raised as instances of both our error classes and torch's
+DistBackendError; `group.monitored_barrier(...)` works on the group object (torch's
+`dist.monitored_barrier` refuses any backend not named gloo).
 
 The import is usually implicit: the package declares a "torch.backends" entry point, which
 torch loads at `import torch` (unless TORCH_DEVICE_BACKEND_AUTOLOAD=0), so a script changed
