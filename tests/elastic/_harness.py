@@ -275,7 +275,11 @@ class Job:
                 if (m.killed_at is None or m.killed_at > k.at)
                 and any(s["ok"] and s["t"] < k.at for s in m.steps)
             ]  # fmt: skip
-            after = [r for m in survivors for r in m.rounds if r["started"] >= k.at - 0.05
+            # a round that ended after the kill and left a victim out; it may have begun
+            # before it (a second loss while the round after a first one forms is taken
+            # into that same recovery)
+            after = [r for m in survivors for r in m.rounds
+                     if r["started"] + r["seconds"] >= k.at - 0.05
                      and set(r["lost"]) & {self.members[v].uid for v in k.victims}]  # fmt: skip
             if not after:
                 out.problems.append(f"no survivor went through a round after kill {k}")
