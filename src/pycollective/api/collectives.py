@@ -31,6 +31,16 @@ def _group(group: ProcessGroup | None) -> ProcessGroup:
     return _state.resolve_group(group)
 
 
+def _fast(group: ProcessGroup | None) -> Any:
+    """The compiled path of repeated calls of `group` (the default one if None), or None:
+    no group yet, not one of ours, or none made (ProcessGroup.fast)."""
+    g = _state.DEFAULT.group if group is None else group
+    try:
+        return g.fast  # type: ignore[union-attr]
+    except AttributeError:
+        return None
+
+
 def _root(g: ProcessGroup, global_rank: int | None, group_rank: int | None, what: str) -> int:
     """The group rank of a root given as a global rank (torch's src/dst) or a group rank."""
     if global_rank is not None and group_rank is not None:
@@ -130,6 +140,12 @@ def all_reduce(
     algorithm: str | None = None,
 ) -> Work | None:
     """Reduce `tensor` across the group; every rank ends with the result, in place."""
+    if not async_op and algorithm is None:
+        # A call like one that ran before: the group's compiled path checks the buffer
+        # against it and runs it, or declines (then the checks below run as ever).
+        fast = _fast(group)
+        if fast is not None and fast.all_reduce(tensor, op):
+            return None
     g = _group(group)
     if not g.is_member:
         return None
@@ -145,6 +161,7 @@ def all_reduce(
         after=average_after(arr, dtype, rop, g.size()) if rop is _AVG else None,
         async_op=async_op,
         result=[tensor] if async_op else None,
+        fast_key=None if async_op or algorithm is not None else (tensor, op),
     )
 
 
@@ -157,6 +174,11 @@ def broadcast(
     algorithm: str | None = None,
 ) -> Work | None:
     """Copy `tensor` from rank `src` to every rank of the group, in place."""
+    repeatable = not async_op and algorithm is None and group_src is None
+    if repeatable:
+        fast = _fast(group)  # see all_reduce
+        if fast is not None and fast.broadcast(tensor, src):
+            return None
     g = _group(group)
     if not g.is_member:
         return None
@@ -171,6 +193,7 @@ def broadcast(
         root=root,
         async_op=async_op,
         result=[tensor],
+        fast_key=(tensor, src) if repeatable else None,
     )
 
 
@@ -521,6 +544,11 @@ def barrier(
         or not all(isinstance(d, int) and not isinstance(d, bool) for d in device_ids)
     ):
         raise UsageError(f"device_ids must be a list of one device id (int), got {device_ids!r}")
+    repeatable = not async_op and algorithm is None
+    if repeatable:
+        fast = _fast(group)  # see all_reduce
+        if fast is not None and fast.barrier():
+            return None
     g = _group(group)
     if not g.is_member:
         return None
@@ -532,4 +560,5 @@ def barrier(
         algorithm=algorithm,
         async_op=async_op,
         result=None,
+        fast_key=(None, None) if repeatable else None,
     )

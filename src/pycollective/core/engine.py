@@ -75,6 +75,18 @@ class Engine:
                     if self._queue or self._waiters:
                         self._cv.notify_all()
 
+    def end_job(self) -> None:
+        """The end of a job this thread took over from a group's compiled path (core/group.py
+        `fast`): the finally of `run`. The compiled path runs a call holding `_lock` (taken
+        without blocking, when nothing is queued, deferred or running), so no other thread
+        starts one meanwhile; a call that needs Python it hands over as a job of `run`'s
+        (`_running` set, `_owner` this thread, the lock released) and its end comes here."""
+        with self._lock:
+            self._running = False
+            self._owner = None
+            if self._queue or self._waiters:
+                self._cv.notify_all()
+
     def _wait(self, timeout: float | None = None) -> bool:
         """cv.wait, counted in _waiters (the lock is held)."""
         self._waiters += 1

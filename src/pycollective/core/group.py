@@ -20,6 +20,9 @@ from .. import _config, _log, runners
 from .._dtypes import DType
 from .._errors import CollectiveError, CollectiveTimeout, UsageError
 from .._reduce_ops import Kernel, ReduceOp, finish_average, kernel
+from ..observe import flight as _flight
+from ..observe.flight import Entry
+from ..observe.timeline import WAIT as _WAIT
 from ..runners import BaseRunner, Call, Members, Runner, Spec
 from ..transport import _wire
 from ..transport._wire import ALGO_CODE, Header
@@ -63,6 +66,11 @@ class ProcessGroup:
         # (check_group), and whether the call since ran on a runner that polls it itself.
         self._checked_at = float("-inf")
         self._polled = False
+        # The compiled per-call path of repeated calls (a runner's `fast_path`, made at the
+        # first call it can repeat; see _offer_fast), and the runner that made it. The API
+        # functions try it first; it declines (False) whatever it does not know.
+        self.fast: Any = None
+        self._fast_runner: Runner | None = None
 
     # torch spells these as methods
     def rank(self) -> int:
@@ -187,10 +195,16 @@ class ProcessGroup:
         after: Callable[[], None] | None = None,
         async_op: bool = False,
         result: Any = None,
+        fast_key: tuple[Any, Any] | None = None,
     ) -> Work | None:
         """Run one collective on this rank: choose a runner, run it, finish (AVG, copies
         out). `root` is a group rank. Arguments must already be validated: from here on a
         failure is a failure of the group, reported to every peer.
+
+        `fast_key`: (the caller's buffer, the op or root object as the caller passed it),
+        from an API function whose compiled path (`fast`) can repeat this call (a
+        synchronous call with every argument checked): after it succeeds, the compiled
+        path learns its signature.
         """
         if self._failed is not None or self.world.closed:
             self.check_usable()
@@ -263,15 +277,7 @@ class ProcessGroup:
                     other.note(call)
                 prepared.runner.run(call)
             except CollectiveError as exc:
-                if isinstance(exc, CollectiveTimeout):
-                    _explain_timeout(exc, seq, self.timeout)
-                entry.failed(exc)
-                first = self._failed is None
-                self.fail(exc, seq)
-                if first:  # the error path may do I/O: leave the ring where diagnose reads it
-                    path = flight.dump(f"{type(exc).__name__} in {call.label}")  # type: ignore[union-attr]
-                    if path and isinstance(exc, CollectiveTimeout):
-                        exc.args = (f"{exc} (flight recorder: {path})",)
+                self._call_failed(exc, seq, entry, call)
                 raise
             if after is not None and not (prepared.averages and type(after) is Average):
                 after()
@@ -281,7 +287,90 @@ class ProcessGroup:
             label = f"{collective}#{seq}({prepared.algorithm}, {count} x {dtype.name})"
             return world.engine.submit(job, Work(label, result))
         world.engine.run(job)
+        if fast_key is not None and prepared.fast:
+            self._offer_fast(prepared, fast_key, entry, arrays, after)
         return None
+
+    def _call_failed(self, exc: CollectiveError, seq: int, entry: Any, call: Call) -> None:
+        """A call failed on this rank: record it, fail the group (telling the peers) and,
+        the first time, dump the flight recorder. The caller raises `exc`."""
+        if isinstance(exc, CollectiveTimeout):
+            _explain_timeout(exc, seq, self.timeout)
+        entry.failed(exc)
+        first = self._failed is None
+        self.fail(exc, seq)
+        if first:  # the error path may do I/O: leave the ring where diagnose reads it
+            path = self.world.flight.dump(f"{type(exc).__name__} in {call.label}")  # type: ignore[union-attr]
+            if path and isinstance(exc, CollectiveTimeout):
+                exc.args = (f"{exc} (flight recorder: {path})",)
+
+    # ------------------------------------------------------------------ the compiled path
+
+    def _offer_fast(
+        self, prepared: _Prepared, fast_key: tuple, entry: Any, arrays: dict, after: Any
+    ) -> None:
+        """After a synchronous call ran to completion: let its runner's compiled path
+        repeat it (`fast`), if the runner has one and nothing about the call needs the
+        Python path each time (another runner noting calls, a timeline, per-call logging,
+        a step after the call)."""
+        runner = prepared.runner
+        if self._fast_runner is not None and self._fast_runner is not runner:
+            prepared.fast = False
+            return
+        world = self.world
+        flight = world.flight
+        if (
+            prepared.noted
+            or not self._peers
+            or world.transport is None
+            or (after is not None and not (prepared.averages and type(after) is Average))
+            or flight is None
+            or flight.timeline is not None
+            or _WAIT.on
+            or _log.LOGGER.isEnabledFor(logging.INFO)
+        ):
+            prepared.fast = False
+            return
+        plan = runner.compiled(prepared.plan, arrays)
+        if plan is None:
+            prepared.fast = False
+            return
+        if self.fast is None:
+            self.fast = runner.fast_path(
+                self, world.engine, flight, Entry, self._finish_fast, _RECHECK_SECONDS
+            )
+            if self.fast is None:
+                prepared.fast = False
+                return
+            self._fast_runner = runner
+        if flight.enabled and type(entry) is not Entry:
+            return
+        obj, key = fast_key
+        if not self.fast.add(obj, key, plan, prepared, entry):
+            prepared.fast = False
+
+    def _finish_fast(
+        self, prepared: _Prepared, seq: int, entry: Any, status: int, started: float
+    ) -> None:
+        """The rest of a call the compiled path started that needs Python (a wait past its
+        budget, a peer whose announcement differs): the engine is this thread's (Engine.run's
+        state) until this returns. Fails as run_collective's job does."""
+        try:
+            if entry is None:
+                entry = _flight.OFF
+            header = _new_header(Header, prepared.head + (seq, 0) + prepared.tail)
+            call = Call(
+                prepared.spec, prepared.algorithm, {}, prepared.kernel, header,
+                started + self.timeout, prepared.plan,
+            )  # fmt: skip
+            try:
+                prepared.runner.resume(call, status)
+            except CollectiveError as exc:
+                self._call_failed(exc, seq, entry, call)
+                raise
+            entry.end()
+        finally:
+            self.world.engine.end_job()
 
     def _set_up_runners(self) -> None:
         """Before the first collective: set up every runner that can serve the group (the
@@ -349,7 +438,7 @@ class _Prepared:
 
     __slots__ = (
         "spec", "runner", "algorithm", "algo_code", "kernel", "plan", "noted", "polls",
-        "averages", "head", "tail",
+        "averages", "head", "tail", "fast",
     )  # fmt: skip
 
     def __init__(
@@ -368,6 +457,8 @@ class _Prepared:
         self.averages = bool(getattr(runner, "averages", False))
         self.head: tuple = ()
         self.tail: tuple = ()
+        # whether the group's compiled path may learn this call (False once it was refused)
+        self.fast = hasattr(runner, "fast_path")
         self.runner = runner
         self.algorithm = algorithm
         self.algo_code = algo_code

@@ -141,6 +141,7 @@ class _Off(Entry):
 
 
 _OFF = _Off()
+OFF = _OFF  # what a call records into when recording is off
 
 
 class FlightRecorder:

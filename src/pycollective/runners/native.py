@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .._reduce_ops import ReduceOp
+from ..observe.flight import COMPLETED, RUNNING
 from ..observe.timeline import WAIT as _WAIT
 from ..shm import collectives as _coll
 from ..shm import native as _native
@@ -43,9 +44,10 @@ class _Prepared:
     """One call signature, prepared: the compiled Plan (made at the first call, from its
     header: the announcement words), the names of its arrays, whether it may share."""
 
-    __slots__ = ("plan", "inp", "out", "shareable")
+    __slots__ = ("collective", "plan", "inp", "out", "shareable")
 
     def __init__(self, collective: str) -> None:
+        self.collective = collective
         self.plan: Any = None
         self.inp, self.out = _IN_OUT[collective]
         self.shareable = collective in ("all_reduce", "reduce")
@@ -123,6 +125,49 @@ class NativeArenaRunner(BaseRunner):
         else:
             self._run(c, plan, inp, out, call, share)
 
+    # The group's compiled path of repeated calls (core/group.py `fast`): the collectives it
+    # repeats, at most this large (larger calls may share buffers: their Python path maps
+    # the peers' ones).
+    FAST = ("all_reduce", "broadcast", "barrier")
+    FAST_BYTES = _coll.SMALL_BYTES
+
+    def compiled(self, prep: _Prepared, arrays: dict[str, np.ndarray]) -> Any:
+        """The compiled Plan that repeats a call of this signature that just ran, or None
+        if the compiled path does not take it."""
+        plan = prep.plan
+        if plan is None or _WAIT.on:
+            return None
+        out = arrays.get(prep.out) if prep.out else None
+        if out is not None:
+            if out.nbytes > self.FAST_BYTES:
+                return None
+            if prep.shareable and _shared.describe(out) != _shared.NOT_SHARED:
+                return None
+        return plan if prep.collective in self.FAST else None
+
+    def fast_path(
+        self,
+        group: Any,
+        engine: Any,
+        recorder: Any,
+        entry_type: type,
+        finish: Any,
+        recheck_seconds: float,
+    ) -> Any:
+        """The group's compiled path (_native.Fast) over this runner's arena: `group` is
+        what it reads and advances (_failed, _polled, _checked_at, _seq, world.closed), the
+        engine what it holds, `finish(prepared, seq, entry, status, started)` what it hands
+        a call over to that needs Python; it skips calls when the group last read the
+        transport `recheck_seconds` ago or longer (the group's own rule)."""
+        return self.native.fast_path(
+            group, engine, recorder if recorder.enabled else None, entry_type, finish,
+            RUNNING, COMPLETED, recheck_seconds,
+        )  # fmt: skip
+
+    def resume(self, call: Call, status: int) -> None:
+        """Go on with a call the compiled path started and handed back with `status`."""
+        self._finish(self.native.c, status, None, call)
+
     def _run(
         self,
         c: Any,
@@ -134,13 +179,16 @@ class NativeArenaRunner(BaseRunner):
     ) -> None:
         rc = c.run(plan, inp, out, call.header.seq, _native.BUDGET_NS, share)
         if rc:  # it waited past the budget, or needs a judgement: the slow path
-            group, header = self.group, call.header
-            poll = group._poller(header, call.deadline, call.label)
-            while rc:
-                if rc == _native.PENDING:
-                    poll(c.target)
-                elif rc == _native.CHECK:
-                    group._check_peer(c.peer, header, c.target)
-                else:
-                    c.set_views(group._peer_views(out, call.label))  # type: ignore[arg-type]
-                rc = c.resume(_native.BUDGET_NS)
+            self._finish(c, rc, out, call)
+
+    def _finish(self, c: Any, rc: int, out: np.ndarray | None, call: Call) -> None:
+        group, header = self.group, call.header
+        poll = group._poller(header, call.deadline, call.label)
+        while rc:
+            if rc == _native.PENDING:
+                poll(c.target)
+            elif rc == _native.CHECK:
+                group._check_peer(c.peer, header, c.target)
+            else:
+                c.set_views(group._peer_views(out, call.label))  # type: ignore[arg-type]
+            rc = c.resume(_native.BUDGET_NS)

@@ -152,6 +152,24 @@ class NativeArena:
             )
         return plan
 
+    def fast_path(
+        self,
+        group: object,
+        engine: object,
+        recorder: object,
+        entry_type: type,
+        finish: Callable[..., None],
+        running: str,
+        completed: str,
+        recheck_seconds: float,
+    ) -> object:
+        """A group's compiled path of repeated calls over this arena (_native.Fast; see
+        module.c): calls that wait past BUDGET_NS are handed to `finish`."""
+        return _native.Fast(
+            self.c, group, engine, recorder, entry_type, finish, running, completed,
+            int(recheck_seconds * 1e9), BUDGET_NS,
+        )  # fmt: skip
+
     def run(
         self,
         plan: object,

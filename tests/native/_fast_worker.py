@@ -1,0 +1,278 @@
+"""One rank of a job on the compiled path of repeated calls (tests/native/test_fast_path.py).
+
+    python tests/native/_fast_worker.py SCENARIO [ARG...]
+
+Lines it prints: `DIGEST hex` (every result, in order), `FAST json` (the group's compiled
+path: calls it ran and handed back to Python; null when the group has none), `RESULT json`
+(one step: error class, message, seconds, .peer, .waiting_on), `FLIGHT json` (entries).
+
+FAST_TEST_RECHECK=SECONDS stretches the millisecond after which a call reads the
+transport for abort notices through the Python path, so that every repeated call of a
+scenario takes the compiled path (abort notices still come through its polls).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import zlib
+
+import numpy as np
+
+import pycollective as dist
+from pycollective import _dtypes
+from pycollective._reduce_ops import ReduceOp, check_op_dtype
+from pycollective.core import group as _group
+
+RANK = int(os.environ["RANK"])
+P = int(os.environ["WORLD_SIZE"])
+if os.environ.get("FAST_TEST_RECHECK"):
+    _group._RECHECK_SECONDS = float(os.environ["FAST_TEST_RECHECK"])
+
+
+def report(**fields) -> None:
+    print("RESULT " + json.dumps(fields), flush=True)
+
+
+def attempt(step: str, fn) -> BaseException | None:
+    t0 = time.monotonic()
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        report(
+            step=step,
+            error=type(exc).__name__,
+            msg=str(exc),
+            elapsed=time.monotonic() - t0,
+            at=time.time(),
+            peer=getattr(exc, "peer", None),
+            waiting_on=list(getattr(exc, "waiting_on", ()) or ()),
+        )
+        return exc
+    report(step=step, error=None, elapsed=time.monotonic() - t0, at=time.time())
+    return None
+
+
+def fast_counts() -> None:
+    fast = dist.group.WORLD.fast
+    counts = None if fast is None else {"calls": fast.calls, "handed": fast.handed}
+    print("FAST " + json.dumps(counts), flush=True)
+
+
+def _seed(*parts) -> int:
+    return zlib.crc32(repr(parts).encode())
+
+
+def data(dtype: _dtypes.DType, count: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    np_dtype = dtype.numpy
+    if dtype.name == "bool":
+        return rng.integers(0, 2, count).astype(bool)
+    if np.issubdtype(np_dtype, np.integer):
+        info = np.iinfo(np_dtype)
+        lo, hi = max(info.min, -50), min(info.max, 50)
+        return rng.integers(lo, hi + 1, count).astype(np_dtype)
+    if np.issubdtype(np_dtype, np.complexfloating):
+        return (rng.standard_normal(count) + 1j * rng.standard_normal(count)).astype(np_dtype)
+    return (rng.standard_normal(count) * 3).astype(np_dtype)
+
+
+def bits() -> None:
+    """Every (op, dtype) of all_reduce, broadcast from every root, barriers, three times each
+    (the first runs the Python path, the others the compiled one), signatures interleaved,
+    and the calls the compiled path must refuse."""
+    h = hashlib.sha256()
+    dtypes = [d for d in _dtypes.BY_NAME.values() if d.name != "bfloat16" and d.itemsize]
+    for dtype in dtypes:
+        for op in ReduceOp:
+            try:
+                check_op_dtype(op, dtype)
+            except dist.UsageError:
+                continue
+            for count in (1, 7, 1000):
+                for rep in range(3):
+                    x = data(dtype, count, _seed(RANK, rep, dtype.name, op.name, count))
+                    dist.all_reduce(x, op)
+                    h.update(x.tobytes())
+        for root in range(P):
+            for rep in range(3):
+                x = data(dtype, 5, _seed(RANK, rep, dtype.name, root))
+                dist.broadcast(x, src=root)
+                h.update(x.tobytes())
+    for _ in range(3):
+        dist.barrier()
+    # Signatures taking turns: dtype, count, op, root, shape and array change call to call.
+    a = np.arange(8, dtype=np.float32) + RANK
+    b = np.arange(8, dtype=np.int64) * (RANK + 1)
+    for rep in range(4):
+        for x, op in ((a, dist.ReduceOp.SUM), (b, dist.ReduceOp.MAX), (a, dist.ReduceOp.MIN)):
+            y = x.copy()
+            dist.all_reduce(y, op)
+            h.update(y.tobytes())
+        c = (np.arange(9, dtype=np.float32) + rep) * (RANK + 1)
+        dist.all_reduce(c)
+        h.update(c.tobytes())
+        d = (np.arange(8, dtype=np.float32) + rep).reshape(2, 4) * (RANK + 1)
+        dist.all_reduce(d)
+        h.update(d.tobytes())
+        e = np.arange(8, dtype=np.float32) * (RANK + 2)
+        dist.all_reduce(e, dist.ReduceOp.AVG)
+        h.update(e.tobytes())
+        f = np.arange(8, dtype=np.float32) * (RANK + 1)
+        dist.broadcast(f, src=rep % P)
+        h.update(f.tobytes())
+    # What it must refuse, as the Python path does: every rank passes the same, so each
+    # raises the same UsageError and the group stays usable.
+    refused = []
+    big = np.ones(16, np.float32)
+    for bad, what in (
+        (lambda: dist.all_reduce(big[::2]), "non-contiguous"),
+        (lambda: dist.all_reduce(np.ones(8, np.float32).reshape(2, 4).T), "transposed"),
+        (lambda: dist.all_reduce(_read_only()), "read-only"),
+        (lambda: dist.all_reduce(np.ones(8, np.float32), 0), "int op"),
+        (lambda: dist.all_reduce(np.ones(8, np.float32), dist.ReduceOp.BAND), "float band"),
+    ):
+        try:
+            bad()
+            refused.append(f"{what}: accepted")
+        except dist.UsageError as exc:
+            refused.append(f"{what}: {exc}")
+    h.update("\n".join(refused).encode())
+    after = np.arange(8, dtype=np.float32) + RANK
+    dist.all_reduce(after)
+    h.update(after.tobytes())
+    print("REFUSED " + json.dumps(refused), flush=True)
+    print("DIGEST " + h.hexdigest(), flush=True)
+    fast_counts()
+
+
+def _read_only() -> np.ndarray:
+    x = np.ones(8, np.float32)
+    x.flags.writeable = False
+    return x
+
+
+def flight() -> None:
+    """Repeated calls, then what the flight recorder holds of them."""
+    x = np.ones(16, np.float32)
+    y = np.ones(5, np.int64)
+    for _ in range(10):
+        dist.all_reduce(x)
+        dist.broadcast(y, src=P - 1)
+        dist.barrier()
+    rec = dist.group.WORLD.world.flight
+    entries = rec.entries()[-30:]
+    ok = all(
+        e["issued_at"] > 0 and e["queued_s"] >= 0 and e["duration_s"] is not None
+        and e["duration_s"] >= 0
+        for e in entries
+    )  # fmt: skip
+    keep = ("group", "group_name", "seq", "kind", "count", "dtype", "algorithm", "op", "root",
+            "detail", "state", "error", "culprits")  # fmt: skip
+    entries = [{k: e[k] for k in keep} for e in entries]
+    print("FLIGHT " + json.dumps({"times_ok": ok, "entries": entries}), flush=True)
+    fast_counts()
+
+
+def mismatch(how: str) -> None:
+    """Repeated calls, then rank 1 calls a different one (count or op)."""
+    x = np.ones(8, np.float32)
+    for _ in range(5):
+        dist.all_reduce(x)
+    fast_counts()
+    if RANK == 1:
+        if how == "count":
+            attempt("call", lambda: dist.all_reduce(np.ones(9, np.float32)))
+        else:
+            attempt("call", lambda: dist.all_reduce(x, dist.ReduceOp.MAX))
+    else:
+        attempt("call", lambda: dist.all_reduce(x))
+    fast_counts()
+
+
+def kill(victim: int) -> None:
+    """Repeated calls, then the victim is killed while the others wait in one."""
+    x = np.ones(1, np.float32)
+    for _ in range(5):
+        dist.all_reduce(x)
+    if RANK == victim:
+        dist.all_reduce(x)
+        time.sleep(0.3)  # the others are in the next all_reduce by now
+        report(step="killed", error=None, elapsed=0.0, at=time.time())
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(x)
+    fast_counts()
+    attempt("call", lambda: dist.all_reduce(x))
+    fast_counts()
+
+
+def never() -> None:
+    """Repeated calls, then the last rank stops calling: the others time out naming it."""
+    x = np.ones(7, np.float64)
+    for _ in range(5):
+        dist.all_reduce(x)
+    if RANK == P - 1:
+        time.sleep(4)
+        return
+    fast_counts()
+    attempt("call", lambda: dist.all_reduce(x))
+    fast_counts()
+
+
+def threads() -> None:
+    """Asynchronous calls queued before repeated synchronous ones, and a second thread
+    issuing calls at the same time: the order of operations is the engine's, as ever."""
+    h = hashlib.sha256()
+    x = np.ones(4, np.float32)
+    for _ in range(3):
+        dist.all_reduce(x)
+    for rep in range(20):
+        a = np.full(4, rep + RANK, np.float32)
+        work = dist.all_reduce(a, async_op=True)
+        b = np.full(4, 2 * rep + RANK, np.float32)
+        dist.all_reduce(b)
+        work.wait()
+        h.update(a.tobytes() + b.tobytes())
+    # A thread that waits on a call issued asynchronously runs it itself (run_here) while
+    # the main thread issues repeated calls: the engine keeps them in order.
+    done = []
+
+    def waiter(work) -> None:
+        work.wait()
+        done.append(True)
+
+    for rep in range(20):
+        a = np.full(4, rep + RANK, np.float32)
+        t = threading.Thread(target=waiter, args=(dist.all_reduce(a, async_op=True),))
+        t.start()
+        b = np.full(4, 3 * rep + RANK, np.float32)
+        dist.all_reduce(b)
+        t.join()
+        h.update(a.tobytes() + b.tobytes())
+    assert len(done) == 20
+    print("DIGEST " + h.hexdigest(), flush=True)
+    fast_counts()
+
+
+def main() -> None:
+    scenario, *args = sys.argv[1:]
+    dist.init_process_group()
+    {
+        "bits": bits,
+        "flight": flight,
+        "mismatch": lambda: mismatch(args[0]),
+        "kill": lambda: kill(int(args[0])),
+        "never": never,
+        "threads": threads,
+    }[scenario]()
+    if scenario not in ("kill", "never", "mismatch"):
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
