@@ -94,7 +94,7 @@ def bits() -> None:
                 check_op_dtype(op, dtype)
             except dist.UsageError:
                 continue
-            for count in (1, 7, 1000):
+            for count in (0, 1, 7, 1000):
                 for rep in range(3):
                     x = data(dtype, count, _seed(RANK, rep, dtype.name, op.name, count))
                     dist.all_reduce(x, op)

@@ -1569,6 +1569,9 @@ static PyObject *fast_call(FastObject *f, int coll, PyObject *obj, PyObject *key
     static const int64_t unshared[BUF_WORDS] = {0, 0, 0, 0};
     int64_t n = buf ? (int64_t)(g->len / (Py_ssize_t)plan->itemsize) : 0;
     start_call(a, plan, NULL, buf, n, seq, unshared, NULL, buf ? obj : NULL);
+    /* Another thread may change the table while this one waits without the GIL. */
+    PyObject *prepared = Py_NewRef(g->prepared);
+    g = NULL;
     int rc = step_rc(a, f->budget_ns);
     if (rc == ST_DONE) {
         if (entry) {
@@ -1580,6 +1583,7 @@ static PyObject *fast_call(FastObject *f, int coll, PyObject *obj, PyObject *key
         }
         Py_DECREF(started);
         Py_DECREF(seqobj);
+        Py_DECREF(prepared);
         f->calls++;
         unlock(f);
         Py_RETURN_TRUE;
@@ -1596,12 +1600,12 @@ static PyObject *fast_call(FastObject *f, int coll, PyObject *obj, PyObject *key
             Py_XDECREF(entry);
             Py_DECREF(started);
             Py_DECREF(seqobj);
+            Py_DECREF(prepared);
             return NULL;
         }
         f->handed++;
         PyObject *st = PyLong_FromLong(rc);
-        PyObject *fargs[5] = {g->prepared, seqobj, entry ? entry : Py_None, st, started};
-        PyObject *prepared = Py_NewRef(g->prepared); /* `finish` may change the table */
+        PyObject *fargs[5] = {prepared, seqobj, entry ? entry : Py_None, st, started};
         PyObject *res = st ? PyObject_Vectorcall(f->finish, fargs, 5, NULL) : NULL;
         Py_DECREF(prepared);
         Py_XDECREF(st);

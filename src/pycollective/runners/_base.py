@@ -151,6 +151,15 @@ class Runner(Protocol):
         ...
 
 
+# Optional, for a runner with a compiled path of repeated calls (runners/native.py; the
+# group uses it when a runner has `fast_path`, core/group.py `_offer_fast`):
+#   compiled(plan, arrays) -> the compiled plan that repeats a call of this signature that
+#       just ran, or None;
+#   fast_path(group, engine, recorder, entry_type, finish, recheck_seconds) -> the handle
+#       the API functions call (ProcessGroup.fast);
+#   resume(call, status) -> go on with a call the handle started and handed back.
+
+
 class BaseRunner:
     """Defaults for the optional parts of the protocol."""
 
