@@ -67,19 +67,40 @@ def torch_error(exc: BaseException) -> BaseException:
     message carries gloo's words ("Timed out"), which torch's own tests match."""
     if not isinstance(exc, CollectiveError) or isinstance(exc, tdist.DistBackendError):
         return exc
-    cls = type(exc)
-    flavour = _flavours.get(cls)
-    if flavour is None:
-        flavour = _flavours[cls] = type(cls.__name__, (cls, tdist.DistBackendError), {})
-        flavour.__module__ = cls.__module__
-    new = flavour.__new__(flavour)
-    new.__dict__.update(exc.__dict__)
     message = str(exc)
     if isinstance(exc, CollectiveTimeout):
         message = f"pycollective: Timed out in {exc.op or 'a collective'}: {message}"
-    new.args = (message,)
+    new = _rebuild_torch_error(type(exc), (message,), exc.__dict__)
     new.__cause__ = exc
     new.__traceback__ = exc.__traceback__
+    return new
+
+
+def _flavour(cls: type) -> type:
+    flavour = _flavours.get(cls)
+    if flavour is None:
+        # pickled by value (its name is the pycollective class's: pickle by reference
+        # would find that class, not this one), so that an error sent to another process
+        # (multiprocessing, torch's spawn harness) arrives as both classes again
+        flavour = type(cls.__name__, (cls, tdist.DistBackendError), {"__reduce__": _reduce})
+        flavour.__module__ = cls.__module__
+        flavour.__qualname__ = cls.__qualname__
+        _flavours[cls] = flavour
+    return flavour
+
+
+def _reduce(self: BaseException) -> tuple:
+    base = next(c for c in type(self).__mro__[1:] if c in _flavours)
+    return _rebuild_torch_error, (base, self.args, dict(self.__dict__))
+
+
+def _rebuild_torch_error(cls: type, args: tuple, state: dict) -> BaseException:
+    """An instance of cls's torch flavour with these args and attributes (no __init__:
+    the pycollective classes' own signatures differ)."""
+    flavour = _flavour(cls)
+    new = flavour.__new__(flavour)
+    new.__dict__.update(state)
+    new.args = args
     return new
 
 
