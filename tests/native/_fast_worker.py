@@ -6,7 +6,8 @@ Lines it prints: `DIGEST hex` (every result, in order), `FAST json` (the group's
 path: calls it ran and handed back to Python; null when the group has none), `RESULT json`
 (one step: error class, message, seconds, .peer, .waiting_on), `FLIGHT json` (entries).
 
-FAST_TEST_RECHECK=SECONDS stretches the millisecond after which a call reads the
+FAST_TEST_OFF=1 turns the path of repeated calls of the scheduled runner (TCP: runners/
+swap.py) off, for the Python reference. FAST_TEST_RECHECK=SECONDS stretches the millisecond after which a call reads the
 transport for abort notices through the Python path, so that every repeated call of a
 scenario takes the compiled path (abort notices still come through its polls).
 """
@@ -31,6 +32,10 @@ from pycollective.core import group as _group
 
 RANK = int(os.environ["RANK"])
 P = int(os.environ["WORLD_SIZE"])
+if os.environ.get("FAST_TEST_OFF"):
+    from pycollective.runners.scheduled import ScheduledRunner
+
+    ScheduledRunner.FAST_BYTES = -1
 if os.environ.get("FAST_TEST_RECHECK"):
     _group._RECHECK_SECONDS = float(os.environ["FAST_TEST_RECHECK"])
 
@@ -259,6 +264,35 @@ def threads() -> None:
     fast_counts()
 
 
+def mixed() -> None:
+    """Repeated all_reduces with other frames between them: point-to-point messages sent
+    right behind a call's data (they may arrive in the same read), a rank that comes late
+    (the other waits past the polling budget, then past PROBE_AFTER: a probe comes first
+    at the late one), a barrier and a broadcast (other schedules)."""
+    h = hashlib.sha256()
+    x = np.ones(8, np.float32)
+    t = np.zeros(3, np.int32)
+    for rep in range(40):
+        x[:] = rep + RANK
+        dist.all_reduce(x)
+        h.update(x.tobytes())
+        if RANK == 1:
+            dist.send(np.full(3, rep, np.int32), 0)
+        else:
+            dist.recv(t, 1)
+            h.update(t.tobytes())
+        if rep in (10, 30):
+            if RANK == rep // 10 % 2:
+                time.sleep(0.01 if rep == 10 else 0.7)
+        if rep == 20:
+            dist.barrier()
+            y = np.arange(4, dtype=np.float64) * (RANK + 1)
+            dist.broadcast(y, src=1)
+            h.update(y.tobytes())
+    print("DIGEST " + h.hexdigest(), flush=True)
+    fast_counts()
+
+
 def main() -> None:
     scenario, *args = sys.argv[1:]
     dist.init_process_group()
@@ -269,6 +303,7 @@ def main() -> None:
         "kill": lambda: kill(int(args[0])),
         "never": never,
         "threads": threads,
+        "mixed": mixed,
     }[scenario]()
     if scenario not in ("kill", "never", "mismatch"):
         dist.destroy_process_group()

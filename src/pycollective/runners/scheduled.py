@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import logging
 from functools import lru_cache
+from typing import Any
 
 from .. import schedule
 from ..schedule.cost import CostParams
 from ..tuning.params import CHAIN_SEGMENT_BYTES
+from . import swap as _swap
 from ._base import BaseRunner, Call, Members, Need, Spec
 from .executor import Plan, make_plan, run_schedule
 
@@ -85,6 +87,39 @@ class ScheduledRunner(BaseRunner):
             m.pool,
             call.label,
         )
+
+    # The group's path of repeated calls (core/group.py `fast`, runners/swap.py): calls
+    # that are one swap with the one peer of a transport that can (TCPTransport.swap),
+    # at most this large.
+    FAST_BYTES = 16 * 1024
+
+    def compiled(self, plan: Plan, arrays: dict) -> _swap.SwapPlan | None:
+        """What repeats a call of this signature that just ran, or None."""
+        m = self.members
+        transport = m.transport
+        if m.size != 2 or not hasattr(transport, "swap"):
+            return None
+        data = arrays.get("data")
+        if data is None or data.nbytes > self.FAST_BYTES:
+            return None
+        return _swap.swap_plan(plan, arrays, m.ranks)
+
+    def fast_path(
+        self,
+        group: Any,
+        engine: Any,
+        recorder: Any,
+        entry_type: type,
+        finish: Any,
+        recheck_seconds: float,
+    ) -> _swap.SwapFast:
+        """The group's path of repeated calls (see runners/swap.py); it reads the
+        transport itself at every call, so it needs no recheck rule."""
+        return _swap.SwapFast(group, engine, recorder, finish, self.members.transport)
+
+    def resume(self, call: Call, status: Any) -> None:
+        """Go on with a call the path of repeated calls started and handed back."""
+        _swap.resume(self.members.transport, call, status)
 
 
 @lru_cache(maxsize=4096)
