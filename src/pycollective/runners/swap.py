@@ -190,7 +190,7 @@ class SwapFast:
             else:
                 entry = None
             started = entry.start() if entry is not None else time.monotonic()
-            rc = transport.swap(g.peer, header, memoryview(obj), g.into)
+            rc = transport.swap(g.peer, header, memoryview(obj), g.into, True)
             if rc == DONE:
                 g.kernel(obj, g.tmp)
                 if entry is not None:

@@ -182,7 +182,14 @@ class TCPTransport(Transport):
 
     # ---------------------------------------------------------- the repeated small swap
 
-    def swap(self, peer: int, header: Header, payload: memoryview, into: memoryview) -> int:
+    def swap(
+        self,
+        peer: int,
+        header: Header,
+        payload: memoryview,
+        into: memoryview,
+        ready: bool = False,
+    ) -> int:
         """The lean way of the commonest exchange: one frame of `header` (a collective's
         DATA frame) and `payload` to `peer`, and one frame back from it with the very same
         header (both sides send alike), its payload into `into`. For a repeated small
@@ -191,7 +198,7 @@ class TCPTransport(Transport):
         polling budget (SPIN_SECONDS, adapted as in _drive).
 
         Returns SWAP_DECLINED, having touched nothing, unless the swap is this plain
-        (`swap_ready`, which callers ask first when they have something to do before): the
+        (`swap_ready`; callers that asked it just before say so with `ready`): the
         only connection (so that reading it reads every abort notice and probe there can
         be), nothing queued, buffered, posted or reported failed, nothing kept early but
         maybe the very frame expected (then it is taken from there), the frame small
@@ -202,7 +209,9 @@ class TCPTransport(Transport):
         and `swap_finish` goes on as `exchange` does (the same errors, deadline, probes)."""
         conn = self._conns[peer]
         nbytes = header.nbytes
-        if nbytes != payload.nbytes or nbytes != into.nbytes or not self.swap_ready(peer, header):
+        if nbytes != payload.nbytes or nbytes != into.nbytes:
+            return SWAP_DECLINED
+        if not ready and not self.swap_ready(peer, header):
             return SWAP_DECLINED
         early = None
         if self._unexpected:  # the peer's frame came already (swap_ready: that one alone)
@@ -240,6 +249,7 @@ class TCPTransport(Transport):
             self._swap = (None, header, (out,), (InMessage(peer, header, into, done=True),), False)
             return SWAP_PENDING
         buf = conn.rbuf
+        raw = buf.obj  # the bytearray: startswith compares at C speed (a memoryview item by item)
         conn.rpos = conn.rend = end = 0
         spin = self._spin
         until = None
@@ -258,7 +268,7 @@ class TCPTransport(Transport):
                     break
                 if n > 0:
                     end += n
-                    if end >= _wire.SIZE and buf[: _wire.SIZE] != head:
+                    if end >= _wire.SIZE and not raw.startswith(head):
                         break  # another frame first: the regular way reads it
                     if end >= total:
                         break
@@ -270,7 +280,7 @@ class TCPTransport(Transport):
                     spun = True
                     break
         conn.rend = end
-        if out.done and end >= total and buf[: _wire.SIZE] == head:
+        if out.done and end >= total and raw.startswith(head):
             into[:] = buf[_wire.SIZE : total]
             conn.rpos = total
             conn.last = header
