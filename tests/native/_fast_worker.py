@@ -7,9 +7,10 @@ path: calls it ran and handed back to Python; null when the group has none), `RE
 (one step: error class, message, seconds, .peer, .waiting_on), `FLIGHT json` (entries).
 
 FAST_TEST_OFF=1 turns the path of repeated calls of the scheduled runner (TCP: runners/
-swap.py) off, for the Python reference. FAST_TEST_RECHECK=SECONDS stretches the millisecond after which a call reads the
-transport for abort notices through the Python path, so that every repeated call of a
-scenario takes the compiled path (abort notices still come through its polls).
+swap.py) off, for the Python reference. FAST_TEST_RECHECK=SECONDS stretches the
+millisecond after which a call reads the transport for abort notices through the Python
+path, so that every repeated call of a scenario takes the compiled path (abort notices
+still come through its polls).
 """
 
 from __future__ import annotations

@@ -105,3 +105,114 @@ def test_a_timeout_in_a_repeated_call_names_the_rank_waited_on() -> None:
     assert timeout - 0.1 < call["elapsed"] < timeout + 1.0, _describe(r)
     before, after = _lines(r, "FAST")
     assert after["handed"] == before["handed"] + 1, _describe(r)
+
+
+# ---------------------------------------------------------------- TCPTransport.swap alone
+
+
+def _transports():
+    import socket  # noqa: PLC0415
+
+    from pycollective.transport.tcp import TCPTransport  # noqa: PLC0415
+
+    a, b = socket.socketpair()
+    return TCPTransport(0, 2, {1: a}), TCPTransport(1, 2, {0: b}), a, b
+
+
+def _data_header(seq: int, nbytes: int):
+    from pycollective.transport import _wire  # noqa: PLC0415
+    from pycollective.transport._wire import Header  # noqa: PLC0415
+
+    return Header(_wire.DATA, 1, 1, 0, 9, 77, seq, 0, 0, nbytes // 4, nbytes)
+
+
+def _p2p_header(tag: int, nbytes: int):
+    from pycollective.transport import _wire  # noqa: PLC0415
+    from pycollective.transport._wire import Header  # noqa: PLC0415
+
+    return Header(_wire.P2P, 10, 1, 0, 7, 0, 0, tag, 0, nbytes // 4, nbytes)
+
+
+def _regular(t, h, payload: bytes, into: bytearray, deadline: float) -> None:
+    from pycollective.transport._base import InMessage, OutMessage  # noqa: PLC0415
+
+    t.exchange([OutMessage(1 - t.rank, h, memoryview(payload))],
+               [InMessage(1 - t.rank, h, memoryview(into))], deadline, h.group)  # fmt: skip
+
+
+@pytest.mark.timeout(30)
+def test_a_partial_send_goes_on_the_regular_way() -> None:
+    import socket  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from pycollective.transport.tcp import transport as tt  # noqa: PLC0415
+
+    t0, t1, a, b = _transports()
+    for s in (a, b):  # small socket buffers: 16 KiB does not fit at once
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    n = 16 * 1024
+    h = _data_header(3, n)
+    mine, theirs = bytes(range(256)) * (n // 256), bytes(reversed(range(256))) * (n // 256)
+    got0, got1 = bytearray(n), bytearray(n)
+    assert t0.swap_ready(1, h)
+    assert t0.swap(1, h, memoryview(mine), memoryview(got0)) == tt.SWAP_PENDING
+    assert t0._conns[1].outq and t0._conns[1].out_sent < n  # the rest of it is queued
+    peer = threading.Thread(target=_regular, args=(t1, h, theirs, got1, time.monotonic() + 10))
+    peer.start()
+    t0.swap_finish(time.monotonic() + 10)
+    peer.join()
+    assert bytes(got0) == theirs and bytes(got1) == mine
+    assert t0.swap_ready(1, _data_header(4, n))  # all in the regular state again
+    t0.close()
+    t1.close()
+
+
+@pytest.mark.timeout(30)
+def test_frames_before_and_behind_the_expected_one_are_read_in_order() -> None:
+    import time  # noqa: PLC0415
+
+    from pycollective.transport._base import InMessage, OutMessage  # noqa: PLC0415
+    from pycollective.transport.tcp import transport as tt  # noqa: PLC0415
+
+    t0, t1, _, _ = _transports()
+    deadline = time.monotonic() + 10
+    p2p = _p2p_header(5, 4)
+    # rank 1: a point-to-point message, then its data, then another message right behind
+    for h, payload in ((p2p, b"abcd"), (_data_header(0, 8), b"12345678"), (p2p, b"efgh")):
+        t1.exchange([OutMessage(0, h, memoryview(payload))], [], deadline, h.group)
+    time.sleep(0.05)
+    got = bytearray(8)
+    h = _data_header(0, 8)
+    assert t0.swap(1, h, memoryview(b"ABCDEFGH"), memoryview(got)) == tt.SWAP_PENDING
+    t0.swap_finish(deadline)
+    assert bytes(got) == b"12345678"
+    for want in (b"abcd", b"efgh"):
+        into = bytearray(4)
+        t0.exchange([], [InMessage(1, p2p, memoryview(into))], deadline, 0)
+        assert bytes(into) == want
+    # the peer's frame for the next call, come early, is taken from where it was kept
+    t1.exchange([OutMessage(0, _data_header(1, 8), memoryview(b"87654321"))], [], deadline, 77)
+    time.sleep(0.05)
+    t0.check_group(77)  # reads it: kept early
+    h = _data_header(1, 8)
+    assert t0.swap_ready(1, h)
+    assert t0.swap(1, h, memoryview(b"ABCDEFGH"), memoryview(got)) == tt.SWAP_DONE
+    assert bytes(got) == b"87654321"
+    t0.close()
+    t1.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_swap_declines_what_it_does_not_expect_untouched() -> None:
+    from pycollective.transport.tcp import transport as tt  # noqa: PLC0415
+
+    t0, t1, _, _ = _transports()
+    h = _data_header(0, 8)
+    assert t0.swap(1, h, memoryview(b"x" * 4), memoryview(bytearray(8))) == tt.SWAP_DECLINED
+    t0.interrupt("stop")
+    assert not t0.swap_ready(1, h)
+    assert t0.swap(1, h, memoryview(b"x" * 8), memoryview(bytearray(8))) == tt.SWAP_DECLINED
+    t0.close()
+    t1.close()

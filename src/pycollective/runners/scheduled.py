@@ -97,7 +97,8 @@ class ScheduledRunner(BaseRunner):
         """What repeats a call of this signature that just ran, or None."""
         m = self.members
         transport = m.transport
-        if m.size != 2 or not hasattr(transport, "swap"):
+        # (the group's peer the transport's only one: see TCPTransport.swap)
+        if m.size != 2 or getattr(transport, "size", 0) != 2 or not hasattr(transport, "swap"):
             return None
         data = arrays.get("data")
         if data is None or data.nbytes > self.FAST_BYTES:

@@ -190,7 +190,8 @@ class SwapFast:
             else:
                 entry = None
             started = entry.start() if entry is not None else time.monotonic()
-            rc = transport.swap(g.peer, header, memoryview(obj), g.into, True)
+            # (bytes: a partial send goes on from a byte offset, queued as any payload)
+            rc = transport.swap(g.peer, header, memoryview(obj).cast("B"), g.into, True)
             if rc == DONE:
                 g.kernel(obj, g.tmp)
                 if entry is not None:
