@@ -93,7 +93,9 @@ def test_a_mismatch_after_repeated_calls_raises_on_every_rank(how: str) -> None:
         before, after = _lines(r, "FAST")
         assert before["calls"] == 4, _describe(r)  # the first call ran the Python path
         if r.rank != 1:  # rank 1's call is another signature: the Python path
-            assert after["handed"] == 1, _describe(r)
+            # handed to Python (a repeated call before it may have been too: one that
+            # waited past a millisecond, on a loaded machine)
+            assert after["handed"] == before["handed"] + 1, _describe(r)
 
 
 @pytest.mark.timeout(60)
