@@ -38,6 +38,7 @@ from ..core.group import group_id_for
 from ..core.work import Work as _OurWork
 from ..core.world import World, count_traffic
 from ..transport import counting as _traffic
+from . import _work
 from ._work import TorchWork, completed, torch_error
 
 BACKEND_NAME = "pycollective"
@@ -327,8 +328,11 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         return self._traffic.snapshot()
 
     def shutdown(self) -> None:
+        """Close the world, then wait (bounded) for the torch callbacks of works already
+        completed: destroy_process_group returns with none of them still running."""
         if not self._world.closed:
             rendezvous.close_world(self._world)
+        _work.drain()
 
     def abort(self) -> None:
         self.shutdown()

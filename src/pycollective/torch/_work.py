@@ -28,10 +28,12 @@ the object; checked against torch's own boxing when this module loads).
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import datetime
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -107,6 +109,9 @@ def _rebuild_torch_error(cls: type, args: tuple, state: dict) -> BaseException:
 # ---------------------------------------------------------------------- completion levels
 
 _MAX_LEVEL = 16  # deeper nesting of callbacks than this completes inline (never seen)
+# How long shutdown() and interpreter exit wait for deliveries already posted (their
+# callbacks run user code: a bound, not a promise).
+DRAIN_SECONDS = 30.0
 _tls = threading.local()
 
 
@@ -117,25 +122,53 @@ class _Level:
         self.level = level
         self._cv = threading.Condition()
         self._queue: deque[Callable[[], None]] = deque()
+        self._posted = 0
+        self._done = 0
+        self._stopped = False
         self._thread = threading.Thread(
             target=self._loop, name=f"pycollective-torch-complete-{level}", daemon=True
         )
         self._thread.start()
 
-    def post(self, job: Callable[[], None]) -> None:
+    def post(self, job: Callable[[], None]) -> bool:
+        """Queue a delivery; False once the level has stopped (the caller runs it)."""
         with self._cv:
+            if self._stopped:
+                return False
             self._queue.append(job)
-            self._cv.notify()
+            self._posted += 1
+            self._cv.notify_all()
+        return True
+
+    def drain(self, deadline: float, stop: bool = False) -> bool:
+        """Wait until every delivery posted so far has run (False at the deadline);
+        `stop`: let the thread end and refuse later posts."""
+        with self._cv:
+            if stop:
+                self._stopped = True
+                self._cv.notify_all()
+            target = self._posted
+            while self._done < target:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
 
     def _loop(self) -> None:
         _tls.level = self.level
         while True:
             with self._cv:
                 while not self._queue:
+                    if self._stopped:
+                        return
                     self._cv.wait()
                 job = self._queue.popleft()
             job()  # never raises: a delivery hands its errors to the future
             job = None  # nor keeps its work alive until the next one
+            with self._cv:
+                self._done += 1
+                self._cv.notify_all()
 
 
 _levels: dict[int, _Level] = {}
@@ -156,7 +189,34 @@ def _post(level: int, job: Callable[[], None]) -> None:
             lv = _levels.get(level)
             if lv is None:
                 lv = _levels[level] = _Level(level)
-    lv.post(job)
+    if not lv.post(job):
+        job()  # after interpreter exit began: deliver here
+
+
+def drain(seconds: float = DRAIN_SECONDS, stop: bool = False) -> bool:
+    """Wait until the deliveries posted so far (their torch callbacks included) have run,
+    at most `seconds`; False if some had not. The calling thread's own level is skipped
+    (a callback that destroys a group cannot wait for itself).
+
+    A completion thread still inside torch when the interpreter finalizes is torn down
+    mid-call (Python ends a daemon thread that wants the GIL back with pthread_exit, whose
+    unwinding through torch's C++ frames aborts the process: "terminate called without an
+    active exception"). So shutdown() drains, and interpreter exit drains and stops."""
+    deadline = time.monotonic() + seconds
+    mine = getattr(_tls, "level", 0)
+    with _levels_lock:
+        levels = [lv for lv in _levels.values() if lv.level != mine]
+    ok = all([lv.drain(deadline, stop) for lv in levels])
+    if not ok:
+        print(
+            f"pycollective: torch completion callbacks still running after {seconds:g} s",
+            file=sys.stderr,
+            flush=True,
+        )
+    return ok
+
+
+atexit.register(drain, stop=True)  # runs before Python tears daemon threads down
 
 
 # ---------------------------------------------------------------------- lifetime registry
