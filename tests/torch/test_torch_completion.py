@@ -60,19 +60,21 @@ def test_exit_while_a_callback_runs_on_a_completion_thread(how: str) -> None:
 
 
 LAGGING = """
-import time
+import threading
 import torch
 import torch.distributed as td
 from pycollective.torch import _work
 
 td.init_process_group("pycollective", store=td.HashStore(), rank=0, world_size=1)
+gate = threading.Event()
 first = td.all_reduce(torch.ones(2), async_op=True)
-first.get_future().then(lambda f: time.sleep(0.5))  # holds up the completion thread
+first.get_future().then(lambda f: gate.wait(30))  # holds up the completion thread
 before = _work.alive_count()
 for _ in range(1500):
     td.all_reduce(torch.ones(2), async_op=True)  # dropped at once
 td.barrier()
 print("QUEUED", _work.alive_count() - before, flush=True)
+gate.set()
 print("DRAINED", _work.drain(), flush=True)
 print("HELD", _work.alive_count() - before, flush=True)
 td.destroy_process_group()
