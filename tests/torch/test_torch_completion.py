@@ -22,10 +22,10 @@ import pytest
 pytestmark = pytest.mark.timeout(120)
 
 SCRIPT = """
-import sys, time
+import sys, threading, time
 import torch
 import torch.distributed as td
-import pycollective.torch
+from pycollective.torch import _work
 
 td.init_process_group("pycollective", store=td.HashStore(), rank=0, world_size=1)
 ran = []
@@ -34,14 +34,17 @@ def slow(fut):
     t0 = time.monotonic()
     while time.monotonic() - t0 < 0.5:  # busy in Python, called from torch's C++
         pass
-    ran.append(1)
+    ran.append(threading.current_thread().name)
     return fut.value()
 
+gate = threading.Event()  # the work is delivered only once then() is attached
+_work._post(_work._level_for_new_work(), lambda: gate.wait(30))
 fut = td.all_reduce(torch.ones(3), async_op=True).get_future().then(slow)
+gate.set()
 time.sleep(0.05)  # the callback is running on its completion thread now
 if sys.argv[1] == "destroy":
     td.destroy_process_group()
-    print("AFTER-DESTROY", len(ran), flush=True)
+    print("AFTER-DESTROY", ran, flush=True)
 print("EXITING", flush=True)
 """
 
@@ -56,7 +59,7 @@ def test_exit_while_a_callback_runs_on_a_completion_thread(how: str) -> None:
     assert "terminate called" not in out.stderr, out.stderr
     assert out.stdout.rstrip().endswith("EXITING"), out.stdout
     if how == "destroy":  # destroy_process_group returned after the callback finished
-        assert "AFTER-DESTROY 1" in out.stdout, out.stdout
+        assert "AFTER-DESTROY ['pycollective-torch-complete-1']" in out.stdout, out.stdout
 
 
 LAGGING = """
@@ -67,8 +70,9 @@ from pycollective.torch import _work
 
 td.init_process_group("pycollective", store=td.HashStore(), rank=0, world_size=1)
 gate = threading.Event()
-first = td.all_reduce(torch.ones(2), async_op=True)
-first.get_future().then(lambda f: gate.wait(30))  # holds up the completion thread
+# hold up the completion thread of works issued here, as a long callback would (a then()
+# on a work could run inline: the work may be delivered before then() is called)
+_work._post(_work._level_for_new_work(), lambda: gate.wait(30))
 before = _work.alive_count()
 for _ in range(1500):
     td.all_reduce(torch.ones(2), async_op=True)  # dropped at once
