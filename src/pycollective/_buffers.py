@@ -43,8 +43,8 @@ class _TensorMemory:
 
     __slots__ = ("__array_interface__", "tensor")
 
-    def __init__(self, tensor: Any, count: int, typestr: str) -> None:
-        self.tensor = tensor
+    def __init__(self, tensor: Any, count: int, typestr: str, hold: bool = True) -> None:
+        self.tensor = tensor if hold else None
         self.__array_interface__ = {
             "shape": (count,),
             "typestr": typestr,
@@ -70,7 +70,7 @@ def _torch_dtype(torch: Any, dt: Any) -> tuple[DType, str | None] | None:
     return _torch_dtypes.get(dt)
 
 
-def _torch_view(t: Any, what: str) -> tuple[np.ndarray, DType]:
+def _torch_view(t: Any, what: str, hold: bool = True) -> tuple[np.ndarray, DType]:
     torch = sys.modules["torch"]
     if not t.is_cpu:
         raise UsageError(f"{what} is on device {t.device}; pycollective handles CPU tensors only")
@@ -91,9 +91,20 @@ def _torch_view(t: Any, what: str) -> tuple[np.ndarray, DType]:
     if n == 0:
         return np.empty(0, dtype.numpy), dtype
     if typestr is not None:
-        return np.asarray(_TensorMemory(t, n, typestr)), dtype
-    raw = np.asarray(_TensorMemory(t, n * dtype.itemsize, "|u1"))
+        return np.asarray(_TensorMemory(t, n, typestr, hold)), dtype
+    raw = np.asarray(_TensorMemory(t, n * dtype.itemsize, "|u1", hold))
     return raw.view(dtype.numpy), dtype
+
+
+def unheld_tensor_view(t: Any, what: str = "tensor") -> np.ndarray | None:
+    """A flat view of a CPU tensor's memory, checked as as_buffer checks it, that does NOT
+    keep the tensor alive: valid only while the caller holds the tensor and its storage
+    stays where it is (the torch backend's synchronous calls keep such views, one per
+    address, length and dtype, and use one only for a tensor found at that address).
+    None where the view's dtype would not be read back as the tensor's (bfloat16's view
+    holds its raw bits)."""
+    arr, dtype = _torch_view(t, what, hold=False)
+    return arr if _dtypes.from_numpy_dtype(arr.dtype) is dtype else None
 
 
 def as_buffer(obj: object, what: str = "tensor", writable: bool = True) -> Buffer:

@@ -10,7 +10,13 @@ import torch.distributed._functional_collectives as fc
 
 import pycollective
 import torch
+from pycollective.core import group as _group
 from pycollective.torch import PycollectiveProcessGroup, traffic
+
+# A repeated call takes the compiled path only within a millisecond of the last read of
+# the transport; stretched, so that the count of compiled calls below does not depend on
+# the machine's load (as tests/native/_fast_worker.py does).
+_group._RECHECK_SECONDS = 3600.0
 
 checks = 0
 
@@ -60,6 +66,7 @@ for _name in (
 
 
 def main() -> None:
+    global checks
     dist.init_process_group("pycollective")
     r, n = dist.get_rank(), dist.get_world_size()
     assert isinstance(dist.distributed_c10d._get_default_group(), PycollectiveProcessGroup)
@@ -87,6 +94,33 @@ def main() -> None:
     b = torch.full((2, 3), r + 0.5, dtype=torch.bfloat16)
     dist.all_reduce(b)
     same(b, torch.full((2, 3), sum(i + 0.5 for i in range(n)), dtype=torch.bfloat16), "bf16")
+
+    # repeated synchronous calls take the group's compiled path (through a view of the
+    # tensor's memory, made once per address); a storage resized meanwhile (FSDP's
+    # reshard) or freed and another tensor at its address are still reduced right
+    pg = dist.group.WORLD.pycollective_group
+    t = torch.full((6,), r + 1.0)
+    for i in range(5):
+        t.fill_(r + 1.0 + i)
+        dist.all_reduce(t)
+        same(t, torch.full((6,), n * (n + 1) / 2 + n * i), f"repeated all_reduce {i}")
+    compiled = pg.fast.calls if pg.fast is not None else None
+    t.untyped_storage().resize_(0)
+    t.untyped_storage().resize_(6 * 4)  # new memory, maybe elsewhere
+    t.fill_(r + 1.0)
+    dist.all_reduce(t)
+    same(t, torch.full((6,), n * (n + 1) / 2), "all_reduce after resize_")
+    for i in range(3):
+        u = torch.full((6,), float(r * i))  # may reuse a freed address
+        dist.all_reduce(u, op=dist.ReduceOp.MAX)
+        same(u, torch.full((6,), float((n - 1) * i)), f"all_reduce of new tensor {i}")
+    for src in (0, n - 1, 0):
+        t = torch.full((4,), float(r))
+        dist.broadcast(t, src)
+        same(t, torch.full((4,), float(src)), f"repeated broadcast from {src}")
+    if compiled is not None:  # the arena's compiled path serves this job
+        assert compiled >= 3, f"{compiled} repeated torch calls took the compiled path"
+        checks += 1
 
     # non-contiguous: a transposed view is reduced in place
     m = torch.arange(6.0).reshape(2, 3).t() * (r + 1)

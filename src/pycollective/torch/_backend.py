@@ -26,7 +26,7 @@ from torch._C._profiler import _RecordFunctionFast
 
 import torch
 
-from .. import _config, _launch_env
+from .. import _buffers, _config, _launch_env
 from .._errors import CollectiveError, CollectiveTimeout, UsageError
 from .._reduce_ops import ReduceOp as _OurOp
 from .._reduce_ops import to_reduce_op
@@ -39,9 +39,10 @@ from ..core.work import Work as _OurWork
 from ..core.world import World, count_traffic
 from ..transport import counting as _traffic
 from . import _work
-from ._work import TorchWork, completed, torch_error
+from ._work import DoneWork, TorchWork, completed, torch_error
 
 BACKEND_NAME = "pycollective"
+_VIEWS_KEPT = 16  # a group's tensor views for synchronous calls (_sync_view)
 
 _instances = itertools.count()
 
@@ -150,7 +151,7 @@ def _asynchronous() -> bool:
 
 def _torch_call(
     title: str, arg: int = 0
-) -> Callable[[Callable[..., TorchWork]], Callable[..., TorchWork]]:
+) -> Callable[[Callable[..., tdist.Work]], Callable[..., tdist.Work]]:
     """What every collective method does around its body.
 
     - torch's functions set `asyncOp` in the options they pass: False means the caller
@@ -163,9 +164,9 @@ def _torch_call(
       inputs (as gloo records them), ending when the operation completes.
     """
 
-    def wrap(method: Callable[..., TorchWork]) -> Callable[..., TorchWork]:
+    def wrap(method: Callable[..., tdist.Work]) -> Callable[..., tdist.Work]:
         @functools.wraps(method)
-        def run(self: PycollectiveProcessGroup, *args: Any, **kwargs: Any) -> TorchWork:
+        def run(self: PycollectiveProcessGroup, *args: Any, **kwargs: Any) -> tdist.Work:
             sync = False
             for a in (*args, *kwargs.values()):
                 if isinstance(a, _OPTIONS) and a.asyncOp is False:
@@ -291,6 +292,8 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         self._pg = _OurGroup(self._world, ranks, group_id_for(ranks, 0), "torch-backend")
         self._traffic = count_traffic(self._world)
         self._group_name = ""
+        self._views: dict[tuple, Any] = {}  # see _sync_view
+        self._solo = size == 1  # no compiled path for _sync_view's views to reach
         if size > 1:
             # Every rank has read every address from the store once this returns.
             _api.barrier(group=self._pg)
@@ -345,8 +348,28 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         finish: Callable[[], None] | None,
         result: Any,
         timeout: float | None = None,
-    ) -> TorchWork:
-        return TorchWork([w for w in works if w is not None], result, finish, timeout)
+    ) -> tdist.Work:
+        pending = [w for w in works if w is not None]
+        if not pending:  # a synchronous call (our API returns None), or nothing issued
+            if finish is not None:
+                finish()
+            return DoneWork(result)
+        return TorchWork(pending, result, finish, timeout)
+
+    def _sync_view(self, t: torch.Tensor, what: str) -> Any:
+        """For a synchronous call: a numpy view of a contiguous CPU tensor's memory, made
+        once per address, length and dtype, so that repeated calls take the group's
+        compiled path (ProcessGroup.fast, which takes buffers, not tensors). The view does
+        not keep the tensor alive (nor its storage from being resized): it is used only
+        for a tensor found at its address, during a call that holds the tensor."""
+        key = (t.data_ptr(), t.numel(), t.dtype, t.is_conj(), t.is_neg())
+        try:
+            view = self._views[key]
+        except KeyError:
+            if len(self._views) >= _VIEWS_KEPT:
+                self._views.clear()
+            view = self._views[key] = _buffers.unheld_tensor_view(t, what)
+        return t if view is None else view
 
     def _one(self, tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
         if len(tensors) != 1:
@@ -367,7 +390,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     @_torch_call("all_reduce")
     def allreduce(
         self, tensors: Any, opts: Any = None, timeout: Any = None, *, op: Any = None
-    ) -> TorchWork:
+    ) -> tdist.Work:
         """allreduce([t...], AllreduceOptions) | allreduce([t...] or t, op, timeout)."""
         tensors = _tensors(tensors, "allreduce tensors")
         rop = _op_of(op if op is not None else opts)
@@ -376,17 +399,23 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
             if t.is_sparse:
                 return self._sparse_allreduce(tensors, rop, seconds)
         staged = _Staged()
-        works = [
-            _api.all_reduce(
-                staged.out(t, "allreduce tensor"), rop, self._pg, async_op=_asynchronous()
-            )
-            for t in tensors
-        ]
-        return self._work(works, staged.finish(), tensors, seconds)
+        asynchronous = _asynchronous()
+        if asynchronous or self._solo:
+            works = [
+                _api.all_reduce(
+                    staged.out(t, "allreduce tensor"), rop, self._pg, async_op=asynchronous
+                )
+                for t in tensors
+            ]
+            return self._work(works, staged.finish(), tensors, seconds)
+        for t in tensors:
+            t = staged.out(t, "allreduce tensor")
+            _api.all_reduce(self._sync_view(t, "allreduce tensor"), rop, self._pg)
+        return self._work([], staged.finish(), tensors, seconds)
 
     def _sparse_allreduce(
         self, tensors: list[torch.Tensor], op: Any, seconds: float | None
-    ) -> TorchWork:
+    ) -> tdist.Work:
         """Sparse COO all-reduce as gloo does it: every rank's indices and values are
         gathered, then summed and coalesced (so the result is the same on every rank)."""
         if op is not _OurOp.SUM:
@@ -421,7 +450,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         return self._work([], None, [t], seconds)
 
     @_torch_call("all_reduce")
-    def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> TorchWork:
+    def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> tdist.Work:
         """One all-reduce over the tensors laid end to end, then copied back."""
         tensors = _tensors(tensors, "allreduce_coalesced tensors")
         if not tensors:
@@ -445,27 +474,33 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     @_torch_call("broadcast")
     def broadcast(
         self, tensors: Any, opts: Any = None, timeout: Any = None, *, root: Any = None
-    ) -> TorchWork:
+    ) -> tdist.Work:
         """broadcast([t...], BroadcastOptions) | broadcast(t, root, timeout)."""
         tensors = _tensors(tensors, "broadcast tensors")
         src = _root_of(root if root is not None else opts)
         staged = _Staged()
-        works = [
-            _api.broadcast(
-                staged.out(t, "broadcast tensor"),
-                group=self._pg,
-                async_op=_asynchronous(),
-                group_src=src,
-            )
-            for t in tensors
-        ]
-        return self._work(works, staged.finish(), tensors, _timeout_of(opts, timeout))
+        asynchronous = _asynchronous()
+        if asynchronous or self._solo:
+            works = [
+                _api.broadcast(
+                    staged.out(t, "broadcast tensor"),
+                    group=self._pg,
+                    async_op=asynchronous,
+                    group_src=src,
+                )
+                for t in tensors
+            ]
+            return self._work(works, staged.finish(), tensors, _timeout_of(opts, timeout))
+        for t in tensors:
+            t = staged.out(t, "broadcast tensor")
+            _api.broadcast(self._sync_view(t, "broadcast tensor"), src, self._pg)
+        return self._work([], staged.finish(), tensors, _timeout_of(opts, timeout))
 
     @_torch_call("reduce")
     def reduce(
         self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None,
         *, root: Any = None,
-    ) -> TorchWork:  # fmt: skip
+    ) -> tdist.Work:  # fmt: skip
         """reduce([t], ReduceOptions) | reduce(t, root, op, timeout)."""
         tensors = _tensors(tensors, "reduce tensors")
         if _is_options(opts):
@@ -480,7 +515,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     @_torch_call("all_gather", 1)
     def allgather(
         self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None
-    ) -> TorchWork:
+    ) -> tdist.Work:
         """allgather([[out...]], [t], AllgatherOptions) | allgather([out...], t, timeout)."""
         if isinstance(input_tensors, torch.Tensor):  # the single-tensor form
             outs, inp = list(output_tensors), input_tensors
@@ -499,7 +534,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     @_torch_call("all_gather_into_tensor", 1)
     def _allgather_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
-    ) -> TorchWork:
+    ) -> tdist.Work:
         return self._work(*self._allgather_flat(output, input), output, _timeout_of(opts))
 
     all_gather_single = _allgather_base
@@ -515,7 +550,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     @_torch_call("all_gather", 1)
     def allgather_coalesced(
         self, output_lists: Any, input_list: Any, opts: Any = None
-    ) -> TorchWork:
+    ) -> tdist.Work:
         """output_lists[r][j] receives rank r's input_list[j] (torch's all_gather_coalesced
         layout: one list per rank, each as long as the inputs)."""
         inputs = _tensors(input_list, "allgather_coalesced inputs")
@@ -563,7 +598,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     @_torch_call("all_gather_into_tensor_coalesced", 1)
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
-    ) -> TorchWork:
+    ) -> tdist.Work:
         """One all-gather of the inputs laid end to end (when they share a dtype), then
         each rank's share copied out: one call instead of a stream of small ones."""
         pairs = _pairs(outputs, inputs)
@@ -590,7 +625,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     def reduce_scatter(
         self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None,
         *, op: Any = None,
-    ) -> TorchWork:  # fmt: skip
+    ) -> tdist.Work:  # fmt: skip
         """reduce_scatter([out], [[in...]], ReduceScatterOptions) |
         reduce_scatter(out, [in...], op, timeout)."""
         if isinstance(output_tensors, torch.Tensor):  # the single-tensor form
@@ -608,7 +643,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     @_torch_call("reduce_scatter_tensor")
     def _reduce_scatter_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
-    ) -> TorchWork:
+    ) -> tdist.Work:
         issued = self._reduce_scatter_flat(output, input, opts)
         return self._work(*issued, output, _timeout_of(opts))
 
@@ -625,7 +660,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     @_torch_call("reduce_scatter_tensor_coalesced")
     def reduce_scatter_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
-    ) -> TorchWork:
+    ) -> tdist.Work:
         """One reduce-scatter of every input's rank-r share laid end to end (when they share
         a dtype), then each output cut out of the result."""
         pairs = _pairs(outputs, inputs)
@@ -659,7 +694,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     @_torch_call("gather", 1)
     def gather(
         self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None
-    ) -> TorchWork:
+    ) -> tdist.Work:
         """gather([[out...]] on the root, [t], GatherOptions) |
         gather([out...], t, root, timeout)."""
         if isinstance(input_tensors, torch.Tensor):  # the single-tensor form
@@ -679,7 +714,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     @_torch_call("scatter", 1)
     def scatter(
         self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None
-    ) -> TorchWork:
+    ) -> tdist.Work:
         """scatter([out], [[in...]] on the root, ScatterOptions) |
         scatter(out, [in...], root, timeout)."""
         src = _root_of(opts)
@@ -701,7 +736,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     def alltoall(
         self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
         opts: Any = None,
-    ) -> TorchWork:  # fmt: skip
+    ) -> tdist.Work:  # fmt: skip
         staged = _Staged()
         outs = [staged.out(t, "alltoall output") for t in output_tensors]
         ins = [staged.inp(t, "alltoall input") for t in input_tensors]
@@ -716,7 +751,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         output_split_sizes: list[int],
         input_split_sizes: list[int],
         opts: Any = None,
-    ) -> TorchWork:
+    ) -> tdist.Work:
         """(out, in, out_splits, in_splits, AllToAllOptions or a timeout)."""
         staged = _Staged()
         out = staged.out(output, "all_to_all_single output")
@@ -730,7 +765,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     all_to_all_single = alltoall_base
 
     @_torch_call("barrier")
-    def barrier(self, opts: Any = None, timeout: Any = None) -> TorchWork:
+    def barrier(self, opts: Any = None, timeout: Any = None) -> tdist.Work:
         """barrier(BarrierOptions) | barrier(timeout)."""
         seconds = _timeout_of(timeout, opts)
         return self._work([_api.barrier(self._pg, async_op=_asynchronous())], None, None, seconds)
@@ -779,20 +814,20 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     # ------------------------------------------------------------------ point-to-point
 
     @_torch_call("send")
-    def send(self, tensors: Any, dstRank: int, tag: int = 0) -> TorchWork:  # noqa: N803
+    def send(self, tensors: Any, dstRank: int, tag: int = 0) -> tdist.Work:  # noqa: N803
         t = _Staged().inp(self._one(_tensors(tensors, "send"), "send"), "send tensor")
         work = _p2p.isend(t, group=self._pg, tag=tag, group_dst=dstRank)
         return self._work([work], None, tensors)
 
     @_torch_call("recv")
-    def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> TorchWork:  # noqa: N803
+    def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> tdist.Work:  # noqa: N803
         staged = _Staged()
         t = staged.out(self._one(_tensors(tensors, "recv"), "recv"), "recv tensor")
         work = _p2p.irecv(t, group=self._pg, tag=tag, group_src=srcRank)
         return self._work([work], staged.finish(), tensors)
 
     @_torch_call("recvAnySource")
-    def recv_anysource(self, tensors: Any, tag: int = 0) -> TorchWork:
+    def recv_anysource(self, tensors: Any, tag: int = 0) -> tdist.Work:
         staged = _Staged()
         t = staged.out(self._one(_tensors(tensors, "recv"), "recv"), "recv tensor")
         work = _p2p.irecv(t, None, group=self._pg, tag=tag)

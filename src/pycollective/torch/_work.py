@@ -251,12 +251,12 @@ def _refcount_readable() -> bool:
 _REFS_READABLE = _refcount_readable()
 # Without a readable count, keep the most recent finished works only (best effort).
 _FALLBACK_KEEP = 65536
-_alive: dict[int, TorchWork] = {}
+_alive: dict[int, TorchWork | DoneWork] = {}
 _alive_lock = threading.Lock()
 _sweep_at = 256
 
 
-def _keep(work: TorchWork) -> None:
+def _keep(work: TorchWork | DoneWork) -> None:
     global _sweep_at
     with _alive_lock:
         _alive[id(work)] = work
@@ -434,6 +434,52 @@ class TorchWork(tdist.Work):
         pass
 
 
-def completed(result: Any) -> TorchWork:
+class DoneWork(tdist.Work):
+    """A work done before it is returned (a synchronous call, or nothing to do): no
+    operations to follow, no completion thread; its torch future is made when asked for.
+    Kept alive like a TorchWork (Python code may still hand it to C++)."""
+
+    def __init__(self, result: Any) -> None:
+        super().__init__()
+        self._result = result
+        self._future: torch.futures.Future | None = None
+        self._delivered = True  # for _sweep
+        _keep(self)
+
+    def get_future(self) -> torch.futures.Future:
+        with _alive_lock:
+            if self._future is None:
+                self._future = torch.futures.Future()
+                self._future.set_result(self._result)
+            return self._future
+
+    def _end_event_on_delivery(self, event: Any) -> None:
+        event.__exit__(None, None, None)
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> BaseException | None:
+        return None
+
+    def result(self) -> Any:
+        return self._result
+
+    def source_rank(self) -> int:
+        return -1
+
+    _source_rank = source_rank
+
+    def synchronize(self) -> None:
+        pass
+
+
+def completed(result: Any) -> DoneWork:
     """A Work that is already done (e.g. an empty list of tensors)."""
-    return TorchWork([], result)
+    return DoneWork(result)
