@@ -104,6 +104,12 @@ def steps_of(r: RankResult) -> dict[str, dict]:
     return steps
 
 
+def tagged(r: RankResult, tag: str) -> list:
+    """The `TAG {json}` lines a worker printed, parsed, in order (`DIGEST hex`: the hex)."""
+    return [json.loads(x[len(tag) + 1 :]) if tag != "DIGEST" else x.split()[1]
+            for x in r.stdout.splitlines() if x.startswith(tag + " ")]  # fmt: skip
+
+
 def describe(r: RankResult) -> str:
     """A rank's exit and the tail of its output, for assertion messages."""
     return (

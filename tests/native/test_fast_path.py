@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from tests._launch import REPO, run_ranks
+from tests._launch import REPO, describe, run_ranks, tagged
 
 from pycollective.shm import arena
 
@@ -36,33 +36,24 @@ def _job(nprocs: int, *args: str, env: dict[str, str] | None = None, timeout: fl
     return results
 
 
-def _lines(r, tag: str) -> list:
-    return [json.loads(x[len(tag) + 1 :]) if tag != "DIGEST" else x.split()[1]
-            for x in r.stdout.splitlines() if x.startswith(tag + " ")]  # fmt: skip
-
-
-def _describe(r) -> str:
-    return f"rank {r.rank} rc {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_repeated_calls_give_the_python_references_bits(nprocs: int) -> None:
     compiled = _job(nprocs, "bits")
     python = _job(nprocs, "bits", env={"PYCOLLECTIVE_NATIVE": "0"})
     for r in compiled + python:
-        assert r.returncode == 0, _describe(r)
-    digests = {d for r in compiled + python for d in _lines(r, "DIGEST")}
-    assert len(digests) == 1, [_describe(r) for r in compiled + python]
+        assert r.returncode == 0, describe(r)
+    digests = {d for r in compiled + python for d in tagged(r, "DIGEST")}
+    assert len(digests) == 1, [describe(r) for r in compiled + python]
     for r in compiled:
-        (fast,) = _lines(r, "FAST")
+        (fast,) = tagged(r, "FAST")
         # the repeated calls (two of three of each signature, most of the rest) ran compiled
-        assert fast is not None and fast["calls"] > 300, _describe(r)
-        refused = _lines(r, "REFUSED")[0]
+        assert fast is not None and fast["calls"] > 300, describe(r)
+        refused = tagged(r, "REFUSED")[0]
         assert all(": accepted" not in x for x in refused), refused
     for r in python:
-        assert _lines(r, "FAST") == [None], _describe(r)
-    assert _lines(compiled[0], "REFUSED") == _lines(python[0], "REFUSED")
+        assert tagged(r, "FAST") == [None], describe(r)
+    assert tagged(compiled[0], "REFUSED") == tagged(python[0], "REFUSED")
 
 
 @pytest.mark.timeout(60)
@@ -70,15 +61,15 @@ def test_flight_recorder_shows_compiled_calls_as_python_ones() -> None:
     compiled = _job(2, "flight", env=ALWAYS)
     python = _job(2, "flight", env={**ALWAYS, "PYCOLLECTIVE_NATIVE": "0"})
     for r in compiled + python:
-        assert r.returncode == 0, _describe(r)
+        assert r.returncode == 0, describe(r)
     for c, p in zip(compiled, python, strict=True):
-        (fc,), (fp,) = _lines(c, "FLIGHT"), _lines(p, "FLIGHT")
+        (fc,), (fp,) = tagged(c, "FLIGHT"), tagged(p, "FLIGHT")
         assert fc["times_ok"] and fc == fp, (fc, fp)
         entries = fc["entries"]
         assert [e["seq"] for e in entries] == list(range(entries[0]["seq"], entries[0]["seq"] + 30))
         assert all(e["state"] == "completed" for e in entries)
         assert [e["kind"] for e in entries[:3]] == ["all_reduce", "broadcast", "barrier"]
-        assert _lines(c, "FAST")[0]["calls"] >= 27, _describe(c)
+        assert tagged(c, "FAST")[0]["calls"] >= 27, describe(c)
 
 
 @pytest.mark.timeout(60)
@@ -86,16 +77,16 @@ def test_flight_recorder_shows_compiled_calls_as_python_ones() -> None:
 def test_a_mismatch_after_repeated_calls_raises_on_every_rank(how: str) -> None:
     results = _job(3, "mismatch", how, env={**ALWAYS, "PYCOLLECTIVE_TIMEOUT": "20"})
     for r in results:
-        (call,) = _lines(r, "RESULT")
-        assert call["error"] == "MismatchError", _describe(r)
-        assert f"{how} differ" in call["msg"] and "#6" in call["msg"], _describe(r)
-        assert call["elapsed"] < 5.0, _describe(r)
-        before, after = _lines(r, "FAST")
-        assert before["calls"] == 4, _describe(r)  # the first call ran the Python path
+        (call,) = tagged(r, "RESULT")
+        assert call["error"] == "MismatchError", describe(r)
+        assert f"{how} differ" in call["msg"] and "#6" in call["msg"], describe(r)
+        assert call["elapsed"] < 5.0, describe(r)
+        before, after = tagged(r, "FAST")
+        assert before["calls"] == 4, describe(r)  # the first call ran the Python path
         if r.rank != 1:  # rank 1's call is another signature: the Python path
             # handed to Python (a repeated call before it may have been too: one that
             # waited past a millisecond, on a loaded machine)
-            assert after["handed"] == before["handed"] + 1, _describe(r)
+            assert after["handed"] == before["handed"] + 1, describe(r)
 
 
 @pytest.mark.timeout(60)
@@ -104,17 +95,17 @@ def test_peers_waiting_in_a_compiled_call_for_a_killed_rank_raise_within_a_tenth
     nprocs: int, victim: int
 ) -> None:
     results = _job(nprocs, "kill", str(victim), env={**ALWAYS, "PYCOLLECTIVE_TIMEOUT": "60"})
-    killed_at = _lines(results[victim], "RESULT")[0]["at"]
+    killed_at = tagged(results[victim], "RESULT")[0]["at"]
     for r in results:
         if r.rank == victim:
-            assert r.returncode == -9, _describe(r)
+            assert r.returncode == -9, describe(r)
             continue
-        (call,) = _lines(r, "RESULT")
-        assert call["error"] in ("TransportError", "CollectiveError"), _describe(r)
-        assert f"rank {victim}" in call["msg"], _describe(r)
-        assert call["at"] - killed_at < 0.1, (call["at"] - killed_at, _describe(r))
-        before, after = _lines(r, "FAST")
-        assert after["handed"] == before["handed"] + 1, _describe(r)  # it was a compiled call
+        (call,) = tagged(r, "RESULT")
+        assert call["error"] in ("TransportError", "CollectiveError"), describe(r)
+        assert f"rank {victim}" in call["msg"], describe(r)
+        assert call["at"] - killed_at < 0.1, (call["at"] - killed_at, describe(r))
+        before, after = tagged(r, "FAST")
+        assert after["handed"] == before["handed"] + 1, describe(r)  # it was a compiled call
 
 
 @pytest.mark.timeout(60)
@@ -126,13 +117,13 @@ def test_a_timeout_in_a_compiled_call_names_the_rank_and_diagnose_finds_it(tmp_p
     )  # fmt: skip
     waited = set()
     for r in results[:2]:
-        (call,) = _lines(r, "RESULT")
-        assert call["error"] in ("CollectiveTimeout", "CollectiveError"), _describe(r)
-        assert call["elapsed"] < timeout + 1.0, _describe(r)
+        (call,) = tagged(r, "RESULT")
+        assert call["error"] in ("CollectiveTimeout", "CollectiveError"), describe(r)
+        assert call["elapsed"] < timeout + 1.0, describe(r)
         waited.update(call["waiting_on"])
-        before, after = _lines(r, "FAST")
-        assert after["handed"] == before["handed"] + 1, _describe(r)
-    assert 2 in waited, [_describe(r) for r in results]
+        before, after = tagged(r, "FAST")
+        assert after["handed"] == before["handed"] + 1, describe(r)
+    assert 2 in waited, [describe(r) for r in results]
     out = subprocess.run(
         [sys.executable, "-m", "pycollective", "diagnose", str(tmp_path), "--json"],
         capture_output=True, text=True, timeout=30, cwd=REPO,
@@ -146,6 +137,6 @@ def test_a_timeout_in_a_compiled_call_names_the_rank_and_diagnose_finds_it(tmp_p
 def test_async_calls_and_waiting_threads_keep_their_order() -> None:
     results = _job(2, "threads")
     for r in results:
-        assert r.returncode == 0, _describe(r)
-    assert len({d for r in results for d in _lines(r, "DIGEST")}) == 1
-    assert all(_lines(r, "FAST")[0]["calls"] > 0 for r in results)
+        assert r.returncode == 0, describe(r)
+    assert len({d for r in results for d in tagged(r, "DIGEST")}) == 1
+    assert all(tagged(r, "FAST")[0]["calls"] > 0 for r in results)
