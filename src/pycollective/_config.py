@@ -175,6 +175,40 @@ def _vars() -> tuple[Var, ...]:
             "A file holding the shared secret (instead of PYCOLLECTIVE_SECRET).",
         ),
         Var(
+            "PYCOLLECTIVE_STORE",
+            NAME,
+            None,
+            "The rendezvous store when init_method names none: etcd://HOST:PORT[,HOST:PORT"
+            "...]/JOB (an etcd cluster, endpoints tried in turn; etcds:// for TLS). "
+            "pycollective run --rdzv-backend etcd sets it.",
+        ),
+        Var(
+            "PYCOLLECTIVE_ETCD_CACERT",
+            PATH,
+            None,
+            "The CA that signed the etcd members' certificates (https endpoints).",
+        ),
+        Var(
+            "PYCOLLECTIVE_ETCD_CERT",
+            PATH,
+            None,
+            "A client certificate for etcd (--client-cert-auth), with PYCOLLECTIVE_ETCD_KEY.",
+        ),
+        Var("PYCOLLECTIVE_ETCD_KEY", PATH, None, "The key of PYCOLLECTIVE_ETCD_CERT."),
+        Var(
+            "PYCOLLECTIVE_ETCD_USER",
+            NAME,
+            None,
+            "The etcd user to authenticate as (etcd's own auth), with "
+            "PYCOLLECTIVE_ETCD_PASSWORD_FILE.",
+        ),
+        Var(
+            "PYCOLLECTIVE_ETCD_PASSWORD_FILE",
+            PATH,
+            None,
+            "A file holding the password of PYCOLLECTIVE_ETCD_USER.",
+        ),
+        Var(
             "PYCOLLECTIVE_SOCKET_IFNAME",
             NAME,
             None,

@@ -2,6 +2,8 @@
 
 - `TCPStoreServer` hosts a store; `TCPStore` is its client (or hosts one with is_master=True).
 - `FileStore` shares a store through a file (init_method="file://...").
+- `EtcdStore` keeps it in an etcd cluster (init_method="etcd://h1:2379,h2:2379/job"), so
+  no host of the job is its single point of failure; values are signed with the secret.
 - `PrefixStore` namespaces another store; `HashStore` lives in one process (tests, threads).
 
 Every connection to a TCP store proves the job's shared secret first (pycollective._auth);
@@ -11,6 +13,7 @@ every failure and timeout raises pycollective.StoreError.
 from .._errors import StoreError
 from ._base import MAX_KEY_BYTES, MAX_VALUE_BYTES, Store
 from ._memory import HashStore
+from .etcd import EtcdStore
 from .file import FileStore
 from .prefix import PrefixStore
 from .tcp import TCPStore, TCPStoreServer
@@ -18,6 +21,7 @@ from .tcp import TCPStore, TCPStoreServer
 __all__ = [
     "MAX_KEY_BYTES",
     "MAX_VALUE_BYTES",
+    "EtcdStore",
     "FileStore",
     "HashStore",
     "PrefixStore",
