@@ -132,6 +132,7 @@ def init_process_group(
             )
             if store is not None and not hasattr(store, "close"):
                 the_store = rendezvous.TorchStoreAdapter(store)
+        master_addr, multi_node = rendezvous.route_of(the_store, env.master_addr, env.multi_node)
         try:
             world = rendezvous.connect_world(
                 rank,
@@ -139,8 +140,8 @@ def init_process_group(
                 the_store,
                 seconds,
                 f"pycollective/{DEFAULT.generation}",
-                master_addr=env.master_addr,
-                multi_node=env.multi_node,
+                master_addr=master_addr,
+                multi_node=multi_node,
             )
         except BaseException:
             _close_store(the_store)

@@ -16,6 +16,7 @@ from .. import _config, _launch_env, _netutil, runners
 from .. import store as store_mod
 from .._auth import secret_from_env
 from .._errors import CollectiveTimeout, StoreError, UsageError
+from ..store.etcd import parse_url as parse_etcd_url
 from ..transport.tcp import connect_mesh
 from ..tuning import params as _tuning
 from .p2p import run_batch
@@ -74,6 +75,13 @@ def make_store(
 
     if init_method and init_method.startswith("file://"):
         return store_mod.FileStore(init_method[len("file://") :], timeout=timeout)
+    etcd_url = etcd_url_of(init_method)
+    if etcd_url is not None:
+        hosts, job = parse_etcd_url(etcd_url)
+        store = store_mod.EtcdStore(hosts, job, secret, timeout=timeout)
+        attempt = _config.get("PYCOLLECTIVE_RESTART_COUNT")
+        # a restarted attempt (pycollective run --max-restarts) meets under keys of its own
+        return JobStore(f"attempt{attempt}", store) if attempt else store
     host, port, store_host = env.master_addr, env.master_port, env.store_host
     if init_method and init_method.startswith("tcp://"):
         hostport = init_method[len("tcp://") :].split("?")[0].rstrip("/")
@@ -85,7 +93,9 @@ def make_store(
             raise UsageError(f"init_method {init_method!r} has no port") from None
         store_host = "rank0"
     elif init_method and init_method != "env://":
-        raise UsageError(f"unsupported init_method {init_method!r}; use env://, tcp:// or file://")
+        raise UsageError(
+            f"unsupported init_method {init_method!r}; use env://, tcp://, file:// or etcd://"
+        )
     if host is None or port is None:
         raise UsageError(
             f"world size {world_size} needs a rendezvous: set MASTER_ADDR and MASTER_PORT, pass "
@@ -121,6 +131,31 @@ def make_store(
         return JobStore(prefix, client, server)
     client = store_mod.TCPStore(host, port, secret=secret, timeout=timeout)
     return JobStore(prefix, client) if prefix else client
+
+
+def etcd_url_of(init_method: str | None) -> str | None:
+    """The etcd URL the job rendezvous at: init_method's (etcd://, etcds://), else
+    PYCOLLECTIVE_STORE's when init_method is env:// or none; None for the other stores."""
+    if init_method and init_method.startswith(("etcd://", "etcds://")):
+        return init_method
+    if not init_method or init_method == "env://":
+        url = _config.get("PYCOLLECTIVE_STORE")
+        if url is not None:
+            parse_etcd_url(url)  # a bad one is named here
+            return url
+    return None
+
+
+def route_of(store: Any, master_addr: str | None, multi_node: bool) -> tuple[str | None, bool]:
+    """Where a rank's listening address must be reachable from, for a store with no
+    MASTER_ADDR: ranks that meet in etcd advertise the interface that routes to the first
+    etcd endpoint, and span hosts unless every endpoint is on loopback."""
+    inner = store._store if isinstance(store, JobStore) else store
+    if not isinstance(inner, store_mod.EtcdStore):
+        return master_addr, multi_node
+    hosts = [e.host for e in inner.endpoints]
+    remote = not all(_netutil.is_loopback(h) for h in hosts)
+    return master_addr or hosts[0], multi_node or remote
 
 
 class JobStore:

@@ -148,7 +148,7 @@ class EtcdClient:
         *,
         request_timeout: float = 2.0,
         connect_timeout: float = 1.0,
-        budget: float = 15.0,
+        budget: float = 8.0,
     ) -> None:
         self.endpoints = list(endpoints)
         self.budget = budget
