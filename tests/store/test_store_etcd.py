@@ -140,7 +140,7 @@ def test_a_liveness_lease_ends_with_its_process_within_the_ttl(etcd):
         proc.send_signal(signal.SIGKILL)
         t0 = time.monotonic()
         gone = None
-        for kind, key, _ in watcher.watch_prefix("alive/", rev, time.monotonic() + 10):
+        for kind, key, _, _ in watcher.watch_prefix("alive/", rev, time.monotonic() + 10):
             if kind == "DELETE" and key == "alive/me":
                 gone = time.monotonic() - t0
                 break

@@ -44,7 +44,7 @@ from ..api import p2p as _p2p
 from ..core import rendezvous
 from ..core.group import ProcessGroup
 from ..core.world import World
-from ..store import TCPStore
+from ..store import EtcdStore, TCPStore
 from ._quorum import Decision, Registration, decide
 
 log = logging.getLogger("pycollective.elastic")
@@ -84,10 +84,13 @@ class _WatchedStore:
     slices, and between them the round's members' leases are checked, so a member that
     dies while the others wait for its address ends the wait at once, not at a timeout."""
 
-    def __init__(self, store: TCPStore, leases: dict[str, str], deadline: float) -> None:
+    def __init__(
+        self, store: TCPStore | EtcdStore, leases: dict[str, str], deadline: float, prefix: str
+    ) -> None:
         self._store = store
         self._leases = leases  # uid -> lease key
         self._deadline = deadline
+        self._prefix = prefix  # the job's keys: on etcd, any change there ends a pause
 
     def set(self, key: str, value: bytes) -> None:
         self._store.set(key, value)
@@ -105,6 +108,10 @@ class _WatchedStore:
             left = end - time.monotonic()
             if left <= 0:
                 raise StoreError(f"timed out waiting for {key!r} while the group formed")
+            if isinstance(self._store, EtcdStore):
+                # a watch ends the pause at the key's put or a lease's end: no slices
+                wait_for_change(self._store, self._prefix, left)
+                continue
             try:
                 return self._store.get(key, min(_SLICE, left))
             except StoreError:
@@ -124,6 +131,12 @@ class _WatchedStore:
         return f"member(s) {', '.join(lost)} left while the group formed" if lost else None
 
 
+def wait_for_change(store: EtcdStore, prefix: str, timeout: float) -> None:
+    """Until a key under `prefix` changes after what this thread last read, or `timeout`."""
+    for _ in store.watch_prefix(prefix, store.revision, time.monotonic() + timeout):
+        return
+
+
 class Manager:
     """Owns the process group of an elastic job and remakes it as members come and go.
 
@@ -134,7 +147,9 @@ class Manager:
     Membership bounds: `min_size` and `max_size` (default: PYCOLLECTIVE_ELASTIC=MIN:MAX,
     which `pycollective run --elastic` sets, else 1 and unbounded); the first round waits
     for `initial_size` members (default WORLD_SIZE) or, at `join_timeout`, `min_size`.
-    `timeout` bounds every collective (default PYCOLLECTIVE_TIMEOUT). The store is the
+    `timeout` bounds every collective (default PYCOLLECTIVE_TIMEOUT). The store is an
+    etcd cluster when PYCOLLECTIVE_STORE names one (`pycollective run --rdzv-backend etcd`
+    sets it): then no rank and no host is special (docs/elastic.md). Otherwise it is the
     launcher's (under `pycollective run`), else the one at MASTER_ADDR:MASTER_PORT; when
     nobody serves it there, the first member starts a store process of its own that
     outlives it (see _storehost.py; it exits `store_idle` seconds after its last client
@@ -152,7 +167,7 @@ class Manager:
         timeout: float | None = None,
         join_timeout: float = 10.0,
         setup_timeout: float = 15.0,
-        store: TCPStore | None = None,
+        store: TCPStore | EtcdStore | None = None,
         job: str | None = None,
         uid: str | None = None,
         store_idle: float = 30.0,
@@ -178,13 +193,20 @@ class Manager:
         self._master_addr = env.master_addr or "127.0.0.1"
         self._order = env.rank if env.rank is not None else 1 << 30
         self._multi_node = env.multi_node
+        self._etcd_url = rendezvous.etcd_url_of(None) if store is None else None
+        if isinstance(store, EtcdStore) or self._etcd_url is not None:
+            # etcd names the job itself (the URL's path): every launcher, on every host,
+            # must find the same keys, whatever its own PYCOLLECTIVE_JOB_ID
+            job = job or "job"
+            self._master_addr = env.master_addr or _etcd_host(store, self._etcd_url)
+            self._multi_node = True
         job = job or _config.get("PYCOLLECTIVE_JOB_ID") or "job"
         base = env.store_prefix.rstrip("/") + "/" if env.store_prefix else ""
         self._prefix = f"{base}elastic/{job}"
-        if store is not None and not isinstance(store, TCPStore):
+        if store is not None and not isinstance(store, (TCPStore, EtcdStore)):
             raise UsageError(
-                f"an elastic Manager needs pycollective's TCPStore (for its leases), got "
-                f"{type(store).__name__}"
+                f"an elastic Manager needs pycollective's TCPStore or EtcdStore (for their "
+                f"leases), got {type(store).__name__}"
             )
         self.step = 0  # committed steps
         self._commit_round = -1  # the round of the last commit (with step: the state's name)
@@ -207,14 +229,20 @@ class Manager:
         self._owns_store = store is None
         self._store_idle = store_idle
         self._lease_store: TCPStore | None = None
+        self._closed_peers: list[str] = []  # uids whose connections closed (see _reconfigure)
         self._store = store if store is not None else self._connect_store(env)
-        # The lease rides a connection of its own, so nothing else can break it.
         try:
-            self._lease_store = TCPStore(
-                self._store.host, self._store.port, timeout=self.timeout,
-                connect_timeout=self.setup_timeout,
-            )  # fmt: skip
-            self._lease_store.set_lease(self._lease_key(self.uid), str(os.getpid()))
+            if isinstance(self._store, EtcdStore):
+                # etcd: a lease with a TTL, renewed by the store's own thread; it ends when
+                # this process dies or its host is cut off (within the TTL)
+                self._store.set_lease(self._lease_key(self.uid), str(os.getpid()))
+            else:
+                # The lease rides a connection of its own, so nothing else can break it.
+                self._lease_store = TCPStore(
+                    self._store.host, self._store.port, timeout=self.timeout,
+                    connect_timeout=self.setup_timeout,
+                )  # fmt: skip
+                self._lease_store.set_lease(self._lease_key(self.uid), str(os.getpid()))
         except BaseException:
             self.close()
             raise
@@ -263,6 +291,9 @@ class Manager:
         waits to join (every member learns the same), then begin a step."""
         if self._closed:
             raise UsageError("this elastic Manager was closed")
+        failure = self._store.failure if isinstance(self._store, EtcdStore) else None
+        if failure is not None:
+            raise ElasticError(f"the elastic job cannot go on: {failure}")
         need = self.group is None or self._error is not None
         if not need:
             need = self._joiner_waits()
@@ -417,7 +448,11 @@ class Manager:
     def _key(self, *parts: object) -> str:
         return "/".join([self._prefix, *map(str, parts)])
 
-    def _connect_store(self, env: _launch_env.LaunchEnv) -> TCPStore:
+    def _connect_store(self, env: _launch_env.LaunchEnv) -> TCPStore | EtcdStore:
+        if self._etcd_url is not None:
+            hosts, job = rendezvous.parse_etcd_url(self._etcd_url)
+            return EtcdStore(hosts, job, secret_from_env(), timeout=self.timeout,
+                             connect_timeout=self.setup_timeout)  # fmt: skip
         host, port = env.master_addr, env.master_port
         if host is None or port is None:
             raise UsageError(
@@ -459,6 +494,55 @@ class Manager:
         """Whether a newcomer registered for the next round, as the leader's watcher last
         saw it (a flag: the step itself never waits on the store)."""
         return self._round is not None and self._joiner_seen == self._round
+
+    def _watch_round(self) -> None:
+        """On etcd, every member: a thread that watches the job's keys for the round's
+        life. A member's lease that ends (its process died, or its host vanished: no
+        socket closes then, only the lease's TTL runs out) interrupts this group, so a
+        collective blocked on that member fails now, not at its timeout; a newcomer's
+        registration raises the joiner flag (the leader's is the one that counts). Off the
+        step's path; a quiet watch costs nothing."""
+        store = self._store
+        assert isinstance(store, EtcdStore)
+        round_, world = self._round, self._world
+        others = set(self._members) - {self.uid}
+        leases = self._key("lease") + "/"
+        joiner = self._key("round", round_ + 1, "n")
+        after = store.revision
+
+        def watch() -> None:
+            nonlocal after
+            try:  # a newcomer that registered before `after` is seen here, later ones below
+                if store.check([joiner]):
+                    self._joiner_seen = round_
+            except StoreError as exc:
+                self._warn_store(exc)
+            while not self._closed and self._round == round_:
+                try:
+                    for kind, key, _, rev in store.watch_prefix(
+                        self._prefix + "/", after, time.monotonic() + 1.0
+                    ):
+                        after = max(after, rev)
+                        if self._round != round_:
+                            return
+                        uid = key[len(leases) :] if key.startswith(leases) else None
+                        if kind == "DELETE" and uid in others and world is not None:
+                            log.info("elastic: member %s's lease ended: leaving round %d",
+                                     uid, round_)  # fmt: skip
+                            transport = world.transport
+                            if transport is not None:
+                                transport.interrupt(
+                                    f"member {uid}'s etcd lease ended (its process died or "
+                                    "its host was cut off)"
+                                )
+                        elif kind == "PUT" and key == joiner:
+                            self._joiner_seen = round_
+                except StoreError as exc:
+                    if not self._closed:
+                        self._warn_store(exc)
+                    time.sleep(0.5)
+
+        threading.Thread(target=watch, name="pycollective-elastic-watch", daemon=True).start()
 
     def _watch_for_joiners(self) -> None:
         """On the leader: a thread that looks in the store every _JOIN_POLL seconds for a
@@ -536,7 +620,13 @@ class Manager:
         deadline = t0 + self._bound()
         reason = f"{type(self._error).__name__}: {self._error}" if self._error else "join"
         old = list(self._members)
-        self._close_world()
+        # Who closed their connections to us. A member leaving a group registers for the
+        # next round *before* it closes its connections (_decide), so a connection its
+        # peer closed means that peer registered or died: the round need not wait for its
+        # lease to run out (on etcd, a TTL of seconds) to tell which. The old group is
+        # closed only once this member registered, for the same reason.
+        closed = self._peers_closed(self._members)
+        closed_for = self._round + 1 if self._round is not None else None
         t = self._round + 1 if self._round is not None else self._latest() + 1
         while True:
             poison = self._poisoned()
@@ -546,7 +636,7 @@ class Manager:
                 raise JobFinished("the elastic job finished before this member could join")
             if time.monotonic() > deadline:
                 raise ElasticError(f"no new group formed within {self._bound():g} s")
-            decision = self._decide(t, deadline)
+            decision = self._decide(t, deadline, closed if t == closed_for else [])
             if decision.failed:
                 self._store.compare_set(self._key("failed"), "", decision.failed)
                 raise ElasticError(decision.failed)
@@ -557,9 +647,10 @@ class Manager:
                 received = self._form(decision)
             except (CollectiveError, OSError) as exc:
                 log.info("elastic: round %d did not form (%s); trying the next", t, exc)
-                self._close_world()
+                closed = self._peers_closed(decision.uids)  # closed after the registration
                 self._round, self._members = t, decision.uids
                 t += 1
+                closed_for = t
                 continue
             now = set(decision.uids)
             event = Event(
@@ -571,11 +662,40 @@ class Manager:
                      t, len(now), self.rank, self.step, event.seconds)  # fmt: skip
             return
 
+    def _peers_closed(self, uids: list[str]) -> list[str]:
+        """The members of the group being left (`uids`, in its rank order) whose end of
+        their connection to this member is closed."""
+        world = self._world
+        transport = getattr(world, "transport", None)
+        transport = getattr(transport, "inner", transport)  # under a CountingTransport
+        ask = getattr(transport, "peers_closed", None)
+        if ask is None:
+            return []
+        try:
+            ranks = ask()
+        except OSError:
+            return []
+        return [uids[r] for r in ranks if 0 <= r < len(uids) and uids[r] != self.uid]
+
+    def _pause(self, decision_key: str) -> None:
+        """Until something changes in the job's keys (etcd: a watch), or a short while."""
+        if isinstance(self._store, EtcdStore):
+            try:
+                wait_for_change(self._store, self._prefix + "/", 0.5)
+            except StoreError:
+                time.sleep(0.05)  # the next reads say what is wrong
+            return
+        try:  # sleeps until the decision is set, or _POLL
+            self._store.wait([decision_key], _POLL)
+        except StoreError:
+            pass
+
     def _finished(self) -> bool:
         return self._fresh and self._store.check([self._key("done")])
 
-    def _decide(self, t: int, deadline: float) -> Decision:
-        """Register for round t and wait for its decision (deciding it when ours to)."""
+    def _decide(self, t: int, deadline: float, closed: Sequence[str] = ()) -> Decision:
+        """Register for round t and wait for its decision (deciding it when ours to).
+        `closed`: the members of round t - 1 whose connections to us closed."""
         me = Registration(
             self.uid,
             self.step,
@@ -584,9 +704,11 @@ class Manager:
             os.getpid(),
             self._order,
             self._commit_round,
+            tuple(closed),
         )
         i = self._store.add(self._key("round", t, "n"), 1)
         self._store.set(self._key("round", t, "reg", i), json.dumps(me.to_json()))
+        self._close_world()  # only now (see _reconfigure)
         decision_key = self._key("round", t, "decision")
         previous = self._previous(t)
         regs: dict[int, Registration] = {}
@@ -604,8 +726,10 @@ class Manager:
                     if j not in regs and self._store.check([key]):
                         regs[j] = Registration.from_json(json.loads(self._store.get(key)))
                 listed = [regs[j] for j in sorted(regs)]
+                accused = self._accused(t, listed, previous, regs)
+                listed = [regs[j] for j in sorted(regs)]
                 watch = ({r.uid for r in listed} | set(previous or [])) - {self.uid}
-                dead = self._dead(watch)
+                dead = self._dead(watch) | accused
                 timed_out = time.monotonic() - joined_at > wait
                 d = decide(
                     t, self.uid, previous, listed, dead, timed_out,
@@ -624,10 +748,32 @@ class Manager:
                 raise ElasticError(f"the elastic job failed: {poison}")
             if time.monotonic() > deadline:
                 raise ElasticError(f"round {t} was not decided in time")
-            try:  # sleeps until the decision is set, or _POLL
-                self._store.wait([decision_key], _POLL)
-            except StoreError:
-                pass
+            self._pause(decision_key)
+
+    def _accused(
+        self,
+        t: int,
+        listed: list[Registration],
+        previous: list[str] | None,
+        regs: dict[int, Registration],
+    ) -> set[str]:
+        """Members of round t - 1 that a registered member of it saw close their
+        connections and that have not registered: dead (see _reconfigure). Before that
+        is concluded every slot is read again, after the accuser's: a member that
+        registered before it closed shows there now (the store is linearizable)."""
+        if not previous:
+            return set()
+        members = set(previous)
+        accused = {u for r in listed if r.uid in members for u in r.closed} & members
+        accused -= {r.uid for r in listed} | {self.uid}
+        if accused:
+            n = int(self._store.get(self._key("round", t, "n")))
+            for j in range(1, n + 1):
+                key = self._key("round", t, "reg", j)
+                if j not in regs and self._store.check([key]):
+                    regs[j] = Registration.from_json(json.loads(self._store.get(key)))
+            accused -= {r.uid for r in regs.values()}
+        return accused
 
     def _dead(self, uids: set[str]) -> set[str]:
         """The members among `uids` whose lease ended (one request when all are alive)."""
@@ -652,7 +798,8 @@ class Manager:
         rank = uids.index(self.uid)
         size = len(uids)
         leases = {u: self._lease_key(u) for u in uids if u != self.uid}
-        store = _WatchedStore(self._store, leases, time.monotonic() + self.setup_timeout)
+        store = _WatchedStore(self._store, leases, time.monotonic() + self.setup_timeout,
+                              self._prefix + "/")  # fmt: skip
         world = rendezvous.connect_world(
             rank, size, store, self.setup_timeout, self._key("round", t, "mesh"),
             master_addr=self._master_addr, multi_node=self._multi_node, abort=store.gone,
@@ -681,7 +828,9 @@ class Manager:
                 self._apply_state(pickle.loads(data.tobytes()))
                 received = True
         self._round, self._members, self._fresh = t, uids, False
-        if rank == 0:
+        if isinstance(self._store, EtcdStore):
+            self._watch_round()
+        elif rank == 0:
             self._watch_for_joiners()
         try:
             self._set_latest(t)
@@ -702,6 +851,15 @@ class Manager:
         self.step = int(state["step"])
         self._commit_round = int(state["commit_round"])
         self.samples = int(state["samples"])
+
+
+def _etcd_host(store: EtcdStore | None, url: str | None) -> str:
+    """The first etcd endpoint's host: members listen on the interface towards it."""
+    if store is not None:
+        return store.endpoints[0].host
+    assert url is not None
+    hosts, _ = rendezvous.parse_etcd_url(url)
+    return hosts.split(",")[0].rpartition("://")[2].rsplit(":", 1)[0].strip("[]")
 
 
 def _is_local(host: str) -> bool:

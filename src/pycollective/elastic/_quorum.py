@@ -40,6 +40,7 @@ class Registration:
     pid: int = 0
     order: int = 1 << 30  # the launcher's RANK: the first round ranks members by it
     commit_round: int = -1  # the round its last committed step was committed in
+    closed: tuple[str, ...] = ()  # members of the round before whose connections it saw close
 
     @property
     def version(self) -> tuple[int, int]:
@@ -53,7 +54,8 @@ class Registration:
     def from_json(cls, d: dict[str, Any]) -> Registration:
         return cls(str(d["uid"]), int(d["step"]), bool(d["fresh"]), str(d.get("host", "")),
                    int(d.get("pid", 0)), int(d.get("order", 1 << 30)),
-                   int(d.get("commit_round", -1)))  # fmt: skip
+                   int(d.get("commit_round", -1)),
+                   tuple(str(u) for u in d.get("closed", ())))  # fmt: skip
 
 
 @dataclass(frozen=True)

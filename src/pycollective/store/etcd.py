@@ -121,6 +121,7 @@ class EtcdStore(Store):
         self._closed = False  # close() began
         self._shut = False  # close() ended: no request any more
         self._stop = threading.Event()
+        self._kick = threading.Event()  # set_lease made a shorter lease: renew on its clock
         self._failure: str | None = None
         self._no_leader_since: float | None = None
         self._keeper: threading.Thread | None = None
@@ -316,7 +317,9 @@ class EtcdStore(Store):
         in `failure` (the elastic manager raises on it)."""
         while not self._stop.is_set():
             ttl = min(self.job_ttl, self._session_ttl or self.job_ttl)
-            self._stop.wait(max(0.2, ttl / 3))
+            if self._kick.wait(max(0.2, ttl / 3)):
+                self._kick.clear()
+                continue  # a new lease: start again with its TTL
             if self._stop.is_set():
                 return
             try:
@@ -353,6 +356,7 @@ class EtcdStore(Store):
         with self._lock:
             if not self._session_lease:
                 self._session_lease, self._session_ttl = self._grant(self.lease_ttl)
+                self._kick.set()
         name = self._user + encode_key(key)
         envelope = self._seal(name, encode_value(value), self._session_lease)
         self._call("kv/put", {"key": b64(name), "value": b64(envelope),
@@ -433,19 +437,22 @@ class EtcdStore(Store):
 
     def watch_prefix(
         self, prefix: str, after: int, deadline: float | None = None
-    ) -> Iterator[tuple[str, str, bytes | None]]:
-        """(kind, key, value) for each change of the keys under store key `prefix` after
-        revision `after` (kind "PUT" with the checked value, or "DELETE" with None), until
-        `deadline` (monotonic) or the caller stops iterating."""
+    ) -> Iterator[tuple[str, str, bytes | None, int]]:
+        """(kind, key, value, revision) for each change of the keys under store key
+        `prefix` after revision `after` (kind "PUT" with the checked value, or "DELETE"
+        with None), until `deadline` (monotonic) or the caller stops iterating."""
         name = self._user + encode_key(prefix)
         for events in self._watch(name, prefix_end(name), after, deadline):
             for e in events:
                 kv = e["kv"]
                 key = unb64(kv["key"])[len(self._user) :].decode("utf-8", "replace")
+                rev = int(kv.get("mod_revision", 0))
+                if rev > getattr(self._tls, "rev", 0):
+                    self._tls.rev = rev
                 if e.get("type", "PUT") == "PUT":
-                    yield "PUT", key, self._open(kv)
+                    yield "PUT", key, self._open(kv), rev
                 else:
-                    yield "DELETE", key, None
+                    yield "DELETE", key, None, rev
 
     def close(self) -> None:
         """Leave the job: end our lease (our liveness keys vanish at once), count ourselves
@@ -455,6 +462,7 @@ class EtcdStore(Store):
                 return
             self._closed = True
         self._stop.set()
+        self._kick.set()
         try:
             if self._session_lease:
                 self._revoke(self._session_lease)

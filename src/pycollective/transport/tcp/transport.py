@@ -381,6 +381,33 @@ class TCPTransport(Transport):
         except OSError:
             pass  # already woken (buffer full) or closed
 
+    def peers_closed(self) -> list[int]:
+        """The peers whose end of the connection is closed: they exited, crashed or closed
+        their group. For a transport being abandoned (the elastic manager asks before it
+        leaves a failed group): a connection still open is read to its end here, dropping
+        whatever frames were unread, to find an end of file or a reset behind them."""
+        out = []
+        scratch = bytearray(1 << 16)
+        for peer, conn in sorted(self._conns.items()):
+            if conn.lost is not None:
+                if "closed by peer" in conn.lost or "reset by peer" in conn.lost:
+                    out.append(peer)
+                continue
+            while True:
+                try:
+                    n = conn.sock.recv_into(scratch, len(scratch), socket.MSG_DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except ConnectionResetError:
+                    out.append(peer)
+                    break
+                except OSError:
+                    break
+                if n == 0:
+                    out.append(peer)
+                    break
+        return out
+
     def abort(self, peers: Iterable[int], group: int, error: CollectiveError, seq: int = 0) -> None:
         reason = str(error).encode("utf-8", "replace")[: _wire.MAX_ABORT_PAYLOAD]
         # `root` names the rank at fault when there is exactly one (the lost peer, the rank
