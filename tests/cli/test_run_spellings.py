@@ -155,7 +155,13 @@ def test_spellings_map_to_the_same_options():
     "argv, says",
     [
         (["--nnodes", "1:4"], "elastic"),
-        (["--rdzv-backend", "etcd"], "c10d and static"),
+        (["--rdzv-backend", "zookeeper"], "c10d, static"),
+        (["--rdzv-backend", "etcd"], "needs --rdzv-endpoint"),
+        (["--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "h:1"], "v3"),
+        (["--rdzv-backend", "etcd", "--rdzv-endpoint", "h:x"], "bad port"),
+        (["--rdzv-backend", "etcd", "--rdzv-endpoint", "h", "--master-port", "2"], "drop"),
+        (["--rdzv-backend", "etcd", "--rdzv-endpoint", "h", "--nnodes", "2"], "--node-rank"),
+        (["--rdzv-backend", "etcd", "--rdzv-endpoint", "h", "--rdzv-conf", "x=1"], "cacert="),
         (["--standalone", "--nnodes", "2"], "single-node"),
         (["--standalone", "--master-port", "5"], "free local port"),
         (["--nproc_per_node", "gpu"], "CPUs"),
@@ -197,3 +203,13 @@ def test_torchrun_agent_options_are_ignored_with_a_note(capsys):
     err = capsys.readouterr().err
     assert "--monitor-interval (torchrun's) is ignored" in err
     assert "--start-method (torchrun's) is ignored" in err
+
+
+def test_the_etcd_rendezvous_spellings():
+    got = _options("--rdzv-backend", "etcd", "--rdzv-endpoint", "h1:2379,h2,h3:2381",
+                   "--rdzv-id", "job7", "--rdzv-conf", "cacert=/ca.pem,user=u,protocol=https",
+                   "--elastic", "2:8", "--nnodes", "4", "-n", "2")  # fmt: skip
+    assert got["etcd"] == ("h1:2379,h2,h3:2381", "job7")
+    assert got["etcd_env"] == {"PYCOLLECTIVE_ETCD_CACERT": "/ca.pem", "PYCOLLECTIVE_ETCD_USER": "u"}
+    assert (got["nnodes"], got["elastic"], got["master_addr"]) == (4, (2, 8), None)
+    assert _options("--rdzv_backend", "etcd", "--rdzv_endpoint", "h")["etcd"] == ("h", "default")

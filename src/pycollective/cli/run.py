@@ -48,6 +48,7 @@ from .._errors import CollectiveError, UsageError
 from ..observe import diagnose
 from ..observe import timeline as _timeline
 from ..store import TCPStoreServer
+from ..store._etcd_client import parse_endpoints
 
 logger = logging.getLogger("pycollective.launch")
 
@@ -162,8 +163,16 @@ def launch(
     notice: float = 2.0,
     max_restarts: int = 0,
     elastic: tuple[int, int] | None = None,
+    etcd: tuple[str, str] | None = None,
+    etcd_env: Mapping[str, str] | None = None,
 ) -> int:
     """Run `cmd` as `nprocs` ranks on this node (node `node_rank` of `nnodes`).
+
+    With `etcd` (endpoints, job name) the ranks meet in that etcd cluster
+    (PYCOLLECTIVE_STORE=etcd://endpoints/job, and `etcd_env`: its TLS/auth settings);
+    no launcher hosts a store, so none is special, and `elastic` may span nodes (each
+    launcher then starts replacements for its own ranks; the elastic manager enforces
+    MIN and MAX over the whole job).
 
     When a rank fails, the others get `notice` seconds to exit on their own, then SIGUSR1
     (flight recorders dump), SIGTERM and `grace` seconds before SIGKILL. With
@@ -197,14 +206,20 @@ def launch(
         raise UsageError(f"--max-restarts must be >= 0, got {max_restarts}")
     if elastic is not None:
         lo, hi = elastic
-        if not 1 <= lo <= hi or not lo <= nprocs <= hi or nnodes > 1 or servers:
+        if etcd is not None:
+            if not 1 <= lo <= hi or nprocs > hi or servers:
+                raise UsageError(
+                    f"--elastic {lo}:{hi} needs 1 <= MIN <= MAX and at most MAX ranks here "
+                    f"(-n {nprocs}), without --servers"
+                )
+        elif not 1 <= lo <= hi or not lo <= nprocs <= hi or nnodes > 1 or servers:
             raise UsageError(
                 f"--elastic {lo}:{hi} needs 1 <= MIN <= N <= MAX (N = {nprocs} ranks) on a "
-                "single node without --servers"
+                "single node without --servers (across nodes: --rdzv-backend etcd)"
             )
     if not 0 <= master_port < 65536:
         raise UsageError(f"master port must be in 0..65535, got {master_port}")
-    if nnodes > 1 and (master_addr is None or master_port == 0):
+    if nnodes > 1 and etcd is None and (master_addr is None or master_port == 0):
         raise UsageError("a multi-node job needs --master-addr and a non-zero --master-port")
     command = command_line(cmd, module=module, no_python=no_python)
     base_env = dict(os.environ if env is None else env)
@@ -230,7 +245,18 @@ def launch(
         secret = b""
 
     server: TCPStoreServer | None = None
-    if node_rank == 0:
+    if etcd is not None:
+        # The ranks meet in etcd; MASTER_ADDR only tells them which interface to listen
+        # on (the one towards the first endpoint).
+        endpoints, job = etcd
+        first = parse_endpoints(endpoints)[0]
+        master_addr, master_port = first.host, first.port
+        tls = any(e.scheme == "https" for e in parse_endpoints(endpoints)) or bool(
+            (etcd_env or {}).get("PYCOLLECTIVE_ETCD_CACERT"))  # fmt: skip
+        hosts = ",".join(str(e) for e in parse_endpoints(endpoints))
+        secret_vars["PYCOLLECTIVE_STORE"] = f"{'etcds' if tls else 'etcd'}://{hosts}/{job}"
+        secret_vars.update(etcd_env or {})
+    elif node_rank == 0:
         server = TCPStoreServer(bind, master_port, secret).start()
         master_port = server.port
     # Flight-recorder dumps of this job go to a directory of its own (unless the user
@@ -248,7 +274,7 @@ def launch(
         status = _run(
             nprocs, command, nnodes, node_rank, master_addr, master_port,
             prefix, grace, base_env, secret_vars, out, err, servers,
-            notice, max_restarts, elastic,
+            notice, max_restarts, elastic, etcd is not None,
         )  # fmt: skip
     finally:
         if server is not None:
@@ -337,7 +363,7 @@ class _Job:
         grace: float,
         received: list[int],
         err: _Output,
-        elastic_min: int = 0,
+        elastic_min: int | None = None,
         replacements: int = 0,
         next_id: int = 0,
     ) -> None:
@@ -380,7 +406,7 @@ class _Job:
                 # without; one that exits with an error (an exception in the script, or
                 # the elastic manager saying the job cannot go on) ends the job.
                 lost = all((x.returncode or 0) < 0 for x in failed_now)
-                if self.elastic_min and lost and len(running) >= self.elastic_min:
+                if self.elastic_min is not None and lost and len(running) >= self.elastic_min:
                     self._go_on(failed_now, running)
                     continue
                 self.first = failed_now[0]
@@ -496,6 +522,7 @@ def _run(
     notice: float = 2.0,
     max_restarts: int = 0,
     elastic: tuple[int, int] | None = None,
+    etcd: bool = False,
 ) -> int:
     received: list[int] = []
     in_main = threading.current_thread() is threading.main_thread()
@@ -519,6 +546,8 @@ def _run(
             )
         if elastic is not None:
             child_env["PYCOLLECTIVE_ELASTIC"] = f"{elastic[0]}:{elastic[1]}"
+        if not etcd:
+            child_env["PYCOLLECTIVE_STORE_HOSTED"] = "1"  # node 0's launcher serves it
         child_env.update(
             RANK=str(rank),
             WORLD_SIZE=str(world_size),
@@ -531,7 +560,6 @@ def _run(
             ROLE_WORLD_SIZE=str(world_size),
             MASTER_ADDR=master_addr,
             MASTER_PORT=str(master_port),
-            PYCOLLECTIVE_STORE_HOSTED="1",
             # torchelastic's names: the attempt, which also names this round's store keys
             TORCHELASTIC_RESTART_COUNT=str(restart),
             TORCHELASTIC_MAX_RESTARTS=str(max_restarts),
@@ -568,7 +596,9 @@ def _run(
                 return 127 if isinstance(exc, FileNotFoundError) else 126
             job = _Job(
                 spawn, ranks, notice, grace, received, err,
-                elastic_min=elastic[0] if elastic else 0,
+                # across nodes (etcd) this launcher sees only its own ranks: the manager
+                # judges MIN over the whole job, so any rank killed by a signal is a loss
+                elastic_min=(0 if etcd else elastic[0]) if elastic else None,
                 replacements=max_restarts if elastic else 0,
                 next_id=world_size,
             )  # fmt: skip
@@ -653,15 +683,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rdzv-endpoint", "--rdzv_endpoint", default=None, metavar="HOST[:PORT]",
         help=f"torchrun's rendezvous endpoint: the same as --master-addr HOST --master-port "
-        f"PORT (port {_RDZV_DEFAULT_PORT} if omitted)",
+        f"PORT (port {_RDZV_DEFAULT_PORT} if omitted); with --rdzv-backend etcd, the etcd "
+        "members HOST:PORT,HOST:PORT,... (tried in turn; port 2379 if omitted)",
     )  # fmt: skip
     parser.add_argument(
         "--rdzv-backend", "--rdzv_backend", default=None, metavar="NAME",
-        help="accepted for torchrun scripts: c10d or static (both mean the store above)",
+        help="c10d or static (both mean the store node 0's launcher hosts), or etcd: the "
+        "ranks meet in the etcd cluster at --rdzv-endpoint, so no host is special",
     )  # fmt: skip
     parser.add_argument(
         "--rdzv-id", "--rdzv_id", default=None, metavar="ID",
-        help="accepted for torchrun scripts (the job is named by its store)",
+        help="with --rdzv-backend etcd, the job's name there (the same on every node; "
+        "default 'default'); otherwise accepted for torchrun scripts",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rdzv-conf", "--rdzv_conf", default=None, metavar="K=V,...",
+        help="with --rdzv-backend etcd, etcd's own security, passed through: cacert=, "
+        "cert=, key= (TLS), user=, password_file= (etcd auth); otherwise ignored",
     )  # fmt: skip
     parser.add_argument(
         "-m", "--module", action="store_true",
@@ -741,7 +779,6 @@ def _nnodes(text: str) -> int:
 _TORCHRUN_IGNORED = {
     "--monitor-interval": "the launcher watches its ranks every 20 ms",
     "--start-method": "every rank is a process of its own (a fresh interpreter)",
-    "--rdzv-conf": "the store's timeouts follow PYCOLLECTIVE_TIMEOUT",
     "--role": "every rank has the role 'default'",
 }
 _TORCHRUN_REFUSED = {
@@ -782,11 +819,16 @@ def resolve_options(args: argparse.Namespace) -> dict:
     nnodes = _nnodes(str(args.nnodes))
     master_addr, master_port = args.master_addr, args.master_port
     backend = (args.rdzv_backend or "").lower()
+    if backend in ("etcd", "etcd-v2"):
+        return _etcd_options(args, nprocs, nnodes)
     if backend not in ("", "c10d", "static"):
         raise UsageError(
-            f"--rdzv-backend {args.rdzv_backend}: only c10d and static are supported "
-            "(both use the store that node 0's launcher hosts)"
+            f"--rdzv-backend {args.rdzv_backend}: c10d, static (both use the store that node "
+            "0's launcher hosts) and etcd are supported"
         )
+    if args.rdzv_conf:
+        print("pycollective run: --rdzv-conf is ignored: the store's timeouts follow "
+              "PYCOLLECTIVE_TIMEOUT", file=sys.stderr)  # fmt: skip
     if args.standalone:
         if nnodes != 1:
             raise UsageError(f"--standalone is a single-node job, but --nnodes is {nnodes}")
@@ -832,6 +874,74 @@ def resolve_options(args: argparse.Namespace) -> dict:
         notice=args.notice,
         max_restarts=args.max_restarts,
         elastic=args.elastic,
+    )
+
+
+# --rdzv-conf keys for etcd -> the variable each rank reads (torchrun's names, and ours)
+_ETCD_CONF = {
+    "cacert": "PYCOLLECTIVE_ETCD_CACERT",
+    "cert": "PYCOLLECTIVE_ETCD_CERT",
+    "key": "PYCOLLECTIVE_ETCD_KEY",
+    "user": "PYCOLLECTIVE_ETCD_USER",
+    "password_file": "PYCOLLECTIVE_ETCD_PASSWORD_FILE",
+}
+
+
+def _etcd_options(args: argparse.Namespace, nprocs: int, nnodes: int) -> dict:
+    """--rdzv-backend etcd: the ranks meet in etcd (no store on any node)."""
+    if args.rdzv_backend.lower() == "etcd-v2":
+        raise UsageError(
+            "--rdzv-backend etcd-v2: etcd's v2 API is gone from etcd 3.6; pycollective "
+            "speaks v3 (etcd >= 3.4): use --rdzv-backend etcd"
+        )
+    if not args.rdzv_endpoint:
+        raise UsageError(
+            "--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT[,HOST:PORT...] (the etcd "
+            "members, tried in turn)"
+        )
+    if args.master_addr or args.master_port or args.standalone:
+        raise UsageError(
+            "--rdzv-backend etcd: the ranks meet in etcd; drop --master-addr, --master-port "
+            "and --standalone"
+        )
+    parse_endpoints(args.rdzv_endpoint)  # a bad endpoint is named here
+    if nnodes > 1 and args.node_rank is None and args.elastic is None:
+        raise UsageError(
+            "--rdzv-backend etcd with --nnodes > 1 needs each node's --node-rank (ranks are "
+            "numbered node by node), or --elastic MIN:MAX (members are numbered as they come)"
+        )
+    job = args.rdzv_id or "default"
+    if "/" in job or not job.strip():
+        raise UsageError(f"--rdzv-id {job!r}: a name without '/'")
+    conf: dict[str, str] = {}
+    for item in filter(None, (args.rdzv_conf or "").split(",")):
+        key, sep, value = item.partition("=")
+        key = key.strip().lower()
+        if key == "protocol" and value.strip() in ("http", "https"):
+            continue  # torchrun's; the endpoints' scheme or a CA says it here
+        if not sep or key not in _ETCD_CONF:
+            raise UsageError(
+                f"--rdzv-conf {item!r}: etcd takes {', '.join(k + '=' for k in _ETCD_CONF)}"
+            )
+        conf[_ETCD_CONF[key]] = os.path.abspath(value) if key != "user" else value
+    command_line(args.command, module=args.module, no_python=args.no_python)
+    return dict(
+        nprocs=nprocs,
+        cmd=args.command,
+        module=args.module,
+        no_python=args.no_python,
+        nnodes=nnodes,
+        node_rank=0 if args.node_rank is None else args.node_rank,
+        master_addr=None,
+        master_port=0,
+        prefix=args.prefix,
+        grace=args.grace,
+        servers=args.servers,
+        notice=args.notice,
+        max_restarts=args.max_restarts,
+        elastic=args.elastic,
+        etcd=(args.rdzv_endpoint, job),
+        etcd_env=conf,
     )
 
 
