@@ -199,11 +199,9 @@ class EtcdCluster:
 
     def leader(self) -> int | None:
         """The index of the member that leads now (None: no leader, or none answers)."""
-        for i in self.running():
-            st = self.status(i)
-            lead = st.get("leader")
-            if lead:
-                for j in self.running():
-                    if self.status(j).get("header", {}).get("member_id") == lead:
-                        return j
+        status = {i: self.status(i) for i in self.running()}
+        ids = {st.get("header", {}).get("member_id"): i for i, st in status.items()}
+        for st in status.values():
+            if st.get("leader") in ids:
+                return ids[st["leader"]]
         return None
