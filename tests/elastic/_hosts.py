@@ -43,8 +43,8 @@ class HostsJob(Job):
         elastic: str | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(0, launcher=False, env={"EL_STEPS": "1000000", "EL_SLEEP": "0.02",
-                                                 "PYCOLLECTIVE_TIMEOUT": "30", **(env or {})})  # fmt: skip
+        base = {"EL_STEPS": "1000000", "EL_SLEEP": "0.02", "PYCOLLECTIVE_TIMEOUT": "30"}
+        super().__init__(0, launcher=False, env={**base, **(env or {})})
         for k in ("MASTER_ADDR", "MASTER_PORT", "PYCOLLECTIVE_SECRET_FILE", "RANK", "WORLD_SIZE"):
             self.env.pop(k, None)
         self.env.setdefault("PYCOLLECTIVE_SECRET", uuid.uuid4().hex)
@@ -69,8 +69,9 @@ class HostsJob(Job):
                "--node-rank", str(k), "-n", str(n), PYTHON, str(WORKER)]  # fmt: skip
         offset = self._next_offset
         self._next_offset += 100  # member ids: 100 per launcher, never reused
-        proc = self.hosts.popen(k, cmd, env=self.env, cwd=REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        proc = self.hosts.popen(k, cmd, env=self.env, cwd=REPO, text=True,
+                                start_new_session=True, **pipes)  # fmt: skip
         self.procs.append(proc)
         self.launchers[k] = proc
         for stream, fn in ((proc.stdout, self._read_host_out), (proc.stderr, self._read_err)):
@@ -104,8 +105,8 @@ class HostsJob(Job):
 
     def on_host(self, k: int) -> list[int]:
         with self._cv:
-            return [m.id for m in self.members.values()
-                    if self.host_of.get(m.id) == k and m.killed_at is None and m.done is None]  # fmt: skip
+            return [m.id for m in self.members.values() if self.host_of.get(m.id) == k
+                    and m.killed_at is None and m.done is None]  # fmt: skip
 
     def _kill_namespace(self, k: int) -> None:
         ns = self.hosts.names[k]
