@@ -6,8 +6,11 @@ CNN (93,322 parameters) three ways, in the same ranks, step by step in turn:
            manager does it but without the manager (the same copies in and out)
 - elastic: elastic.ddp.DataParallel + Optimizer through an elastic.Manager (the joiner
            flag on the all_reduce, the leader's look at the store, the commit check)
+- elastic_etcd: the same through a Manager whose store is an etcd cluster (3 members on
+           loopback, started here: tests/_etcd.py): its lease renewals, the watch of
+           each round, against the TCP store's manager above
 
-    python benchmarks/elastic_overhead.py [-n 4] [--batch 64] [--steps 300]
+    python benchmarks/elastic_overhead.py [-n 4] [--batch 64] [--steps 300] [--etcd-members 3]
 
 The step is forward, backward, averaging and Adam on --batch / n samples per rank of
 synthetic 28x28 images (compute, not data loading, is what is compared). The three run
@@ -28,7 +31,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-MODES = ("ddp", "plain", "elastic")
+MODES = ("ddp", "plain", "elastic", "elastic_etcd")
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -71,6 +74,19 @@ def worker(args: argparse.Namespace) -> None:
     )
     el_net = ddp.DataParallel(manager, el_model)
     el_opt = ddp.Optimizer(manager, el_inner)
+    modes = MODES if args.etcd else MODES[:3]
+    if args.etcd:
+        from pycollective.store import EtcdStore
+
+        et_model, et_inner = fresh()
+        et_store = EtcdStore(args.etcd, "elastic-overhead", timeout=60)
+        et_manager = elastic.Manager(
+            lambda: {"m": et_model.state_dict(), "o": et_inner.state_dict()},
+            lambda s: (et_model.load_state_dict(s["m"]), et_inner.load_state_dict(s["o"])),
+            store=et_store, job="bench",
+        )  # fmt: skip
+        et_net = ddp.DataParallel(et_manager, et_model)
+        et_opt = ddp.Optimizer(et_manager, et_inner)
 
     def step_ddp() -> None:
         ddp_opt.zero_grad()
@@ -98,23 +114,31 @@ def worker(args: argparse.Namespace) -> None:
         nn.functional.cross_entropy(el_net(x), y).backward()
         el_opt.step()
 
-    steps = {"ddp": step_ddp, "plain": step_plain, "elastic": step_elastic}
-    for fn in steps.values():  # warm up (the elastic group forms in the first step)
+    def step_elastic_etcd() -> None:
+        et_manager.start_step()
+        et_opt.zero_grad()
+        nn.functional.cross_entropy(et_net(x), y).backward()
+        et_opt.step()
+
+    steps = {"ddp": step_ddp, "plain": step_plain, "elastic": step_elastic,
+             "elastic_etcd": step_elastic_etcd}  # fmt: skip
+    for mode in modes:  # warm up (the elastic groups form in their first step)
         for _ in range(5):
-            fn()
+            steps[mode]()
     # Step by step, the modes in turn (the order rotating), so that a burst of load from
     # the rest of the machine falls on all three alike; wall time (the slowest rank's) and
     # this process's CPU time per step.
-    wall = {m: np.zeros(args.steps) for m in MODES}
-    cpu = {m: np.zeros(args.steps) for m in MODES}
+    wall = {m: np.zeros(args.steps) for m in modes}
+    cpu = {m: np.zeros(args.steps) for m in modes}
     for i in range(args.steps):
-        for mode in MODES[i % 3 :] + MODES[: i % 3]:
+        k = i % len(modes)
+        for mode in modes[k:] + modes[:k]:
             t0, c0 = time.perf_counter(), time.process_time()
             steps[mode]()
             wall[mode][i] = time.perf_counter() - t0
             cpu[mode][i] = time.process_time() - c0
     medians: dict[str, list[float]] = {}
-    for m in MODES:
+    for m in modes:
         dist.all_reduce(wall[m], op=dist.ReduceOp.MAX)  # a step is its slowest rank's
         dist.all_reduce(cpu[m], op=dist.ReduceOp.SUM)
         medians[m] = [float(np.median(wall[m]))]
@@ -135,6 +159,9 @@ def worker(args: argparse.Namespace) -> None:
         manager.should_commit()
     bookkeeping = (time.perf_counter() - t0) / n
     manager.close()
+    if args.etcd:
+        et_manager.close()
+        et_store.close()
     tdist.destroy_process_group()
     dist.destroy_process_group()
     if rank == 0:
@@ -148,6 +175,9 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=4)
     ap.add_argument("--batch", type=int, default=64, help="global batch per step")
     ap.add_argument("--steps", type=int, default=300, help="steps per mode")
+    ap.add_argument("--etcd-members", type=int, default=3,
+                    help="etcd members on loopback for the elastic_etcd mode (0: leave it out)")
+    ap.add_argument("--etcd", default="", help=argparse.SUPPRESS)  # the worker's endpoints
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument(
         "--json", default=str(REPO / "benchmarks" / "results" / "elastic_overhead.json")
@@ -156,11 +186,23 @@ def main() -> int:
     if args.worker:
         worker(args)
         return 0
+    cluster = None
+    if args.etcd_members:
+        sys.path.insert(0, str(REPO))
+        from tests._etcd import EtcdCluster
+
+        cluster = EtcdCluster(args.etcd_members).start()
     load0 = os.getloadavg()
     cmd = [sys.executable, "-m", "pycollective", "run", "-n", str(args.n), sys.executable,
            __file__, "--worker", "--batch", str(args.batch),
            "--steps", str(args.steps)]  # fmt: skip
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if cluster is not None:
+        cmd += ["--etcd", cluster.endpoints]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    finally:
+        if cluster is not None:
+            cluster.close()
     load1 = os.getloadavg()
     line = next((ln for ln in res.stdout.splitlines() if "RESULT " in ln), None)
     if res.returncode != 0 or line is None:
@@ -168,8 +210,9 @@ def main() -> int:
         return 1
     medians = json.loads(line.split("RESULT ", 1)[1])
     direct = {k: medians.pop(k)[0] for k in ("store_check_s", "bookkeeping_s")}
-    ms = {m: 1000 * medians[m][0] for m in MODES}
-    cpu_ms = {m: 1000 * medians[f"cpu_{m}"][0] for m in MODES}
+    modes = [m for m in MODES if m in medians]
+    ms = {m: 1000 * medians[m][0] for m in modes}
+    cpu_ms = {m: 1000 * medians[f"cpu_{m}"][0] for m in modes}
     over = ms["elastic"] / ms["plain"] - 1
     over_cpu = cpu_ms["elastic"] / cpu_ms["plain"] - 1
     report = {
@@ -184,10 +227,16 @@ def main() -> int:
         "load_before": load0, "load_after": load1,
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }  # fmt: skip
+    if "elastic_etcd" in ms:
+        report["etcd_vs_tcp_store"] = ms["elastic_etcd"] / ms["elastic"] - 1
+        report["etcd_vs_tcp_store_cpu"] = cpu_ms["elastic_etcd"] / cpu_ms["elastic"] - 1
     print(f"small CNN, {args.n} ranks, global batch {args.batch} (load {load0[0]:.1f} -> "
           f"{load1[0]:.1f})")  # fmt: skip
-    for m in MODES:
-        print(f"  {m:8s} {ms[m]:7.2f} ms per step (median), {cpu_ms[m]:6.2f} ms CPU per rank")
+    for m in modes:
+        print(f"  {m:12s} {ms[m]:7.2f} ms per step (median), {cpu_ms[m]:6.2f} ms CPU per rank")
+    if "etcd_vs_tcp_store" in report:
+        print(f"  elastic on etcd vs on the TCP store: {100 * report['etcd_vs_tcp_store']:+.1f}% "
+              f"wall, {100 * report['etcd_vs_tcp_store_cpu']:+.1f}% CPU")  # fmt: skip
     print(f"  elastic vs plain: {100 * over:+.1f}% wall, {100 * over_cpu:+.1f}% CPU; "
           f"vs ddp: {100 * report['elastic_vs_ddp']:+.1f}% wall")  # fmt: skip
     work = report["manager_work_ms"]

@@ -1,10 +1,14 @@
 """Fault injection for pycollective (`make faults`): kills, mismatches, fuzzing, a soak,
-SIGINT, the flight recorder's cost, the launcher's notice window, and elastic recovery.
+SIGINT, the flight recorder's cost, the launcher's notice window, elastic recovery, and
+elastic training across namespace hosts on etcd losing whole hosts (root; etcd).
 Prints what it found and writes it as JSON.
 
     python tools/faults.py [--kills 50] [--fuzz-examples 2000] [--soak-small 100000]
                            [--soak-large 1000] [--launcher-runs 20] [--elastic-kills 20]
-                           [--only kill,mismatch,fuzz,soak,sigint,overhead,launcher,elastic]
+                           [--host-kills 20] [--host-cuts 10] [--member-losses 3]
+                           [--per-host 2,1,2,1]
+                           [--only kill,mismatch,fuzz,soak,sigint,overhead,launcher,elastic,
+                                   hosts]
 
 Exit status 0 only if every check passed.
 """
@@ -377,6 +381,57 @@ def elastic_kills(n: int, seed: int) -> dict:
     }  # fmt: skip
 
 
+def host_runs(kills_n: int, cuts: int, members: int, per_host: list[int], seed: int) -> dict:
+    """4 namespace hosts, etcd on 3 of them, one elastic job across all (tests/elastic/
+    _hosts.py): etcd members lost alone, then hosts killed whole and hosts cut off then
+    killed, a replacement host after each; then the quorum lost."""
+    from tests import _etcd
+    from tests.elastic._hosts import host_losses, quorum_loss
+    from tools import nethosts
+
+    why = nethosts.available() or _etcd.missing()
+    if why:
+        return {"ok": False, "problems": [f"cannot run: {why}"]}
+    load = os.getloadavg()
+    nethosts.cleanup()
+    with nethosts.NetHosts(len(per_host)) as hosts, _etcd.EtcdCluster(
+        3, hosts=hosts, on=[0, 1, 2]
+    ) as etcd:
+        out, extra = host_losses(hosts, etcd, kills_n, seed, per_host=per_host, cuts=cuts,
+                                 member_losses=members, log=log)  # fmt: skip
+        load_mid = os.getloadavg()
+        quorum = quorum_loss(hosts, etcd, per_host=per_host, log=log)
+    by_kind: dict[str, list[float]] = {}
+    leader: dict[str, list[float]] = {}
+    for k, e in zip(out.kills, extra["events"], strict=True):
+        if k.recovery_s is not None:
+            by_kind.setdefault(k.kind, []).append(k.recovery_s)
+            if e["host"] == e["leader_host"]:
+                leader.setdefault(k.kind, []).append(k.recovery_s)
+    lost = [max(0, k.committed_before - (k.resumed_step or 0)) for k in out.kills]
+    digests = {m.done["digest"] for m in out.members.values() if m.done}
+    return {
+        "ok": not out.problems and not quorum["problems"],
+        "problems": out.problems[:10] + quorum["problems"][:5],
+        "per_host": per_host,
+        "host_kills": sum(1 for k in out.kills if k.kind == "kill"),
+        "host_cuts": sum(1 for k in out.kills if k.kind == "cut"),
+        "hosts_hit": sorted({e["host"] for e in extra["events"]}),
+        "leader_hosts_hit": sum(1 for e in extra["events"] if e["host"] == e["leader_host"]),
+        "recovery_seconds": {kind: _quantiles(xs) for kind, xs in by_kind.items()},
+        "recovery_seconds_leader_host": {kind: _quantiles(xs) for kind, xs in leader.items()},
+        "replacement_seconds": _quantiles(out.replacement_seconds()),
+        "committed_steps_lost": {"max": max(lost, default=0), "total": sum(lost)},
+        "final_digests": len(digests),
+        "member_loss_pauses": extra["member_pauses"],
+        "step_seconds": extra["step_s"],
+        "quorum_loss": quorum,
+        "load_before": [round(x, 2) for x in load],
+        "load_mid": [round(x, 2) for x in load_mid],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kills", type=int, default=50)
@@ -388,7 +443,13 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=20261130)
     ap.add_argument("--launcher-runs", type=int, default=20)
     ap.add_argument("--elastic-kills", type=int, default=20)
-    ap.add_argument("--only", default="kill,mismatch,fuzz,soak,sigint,overhead,launcher,elastic")
+    ap.add_argument("--host-kills", type=int, default=20)
+    ap.add_argument("--host-cuts", type=int, default=10)
+    ap.add_argument("--member-losses", type=int, default=3)
+    ap.add_argument("--per-host", default="2,1,2,1", help="members on each of the hosts")
+    ap.add_argument(
+        "--only", default="kill,mismatch,fuzz,soak,sigint,overhead,launcher,elastic,hosts"
+    )
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "faults.json"))
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -426,6 +487,13 @@ def main() -> int:
         log(f"elastic: {args.elastic_kills} kills in a row")
         e = summary["elastic"] = elastic_kills(args.elastic_kills, args.seed)
         ok &= e["ok"]
+    if "hosts" in only:
+        per_host = [int(x) for x in args.per_host.split(",")]
+        log(f"hosts: {args.member_losses} etcd members alone, {args.host_kills} hosts killed, "
+            f"{args.host_cuts} cut off, the quorum; members per host {per_host}")  # fmt: skip
+        h = summary["hosts"] = host_runs(args.host_kills, args.host_cuts, args.member_losses,
+                                         per_host, args.seed)  # fmt: skip
+        ok &= h["ok"]
     summary["seconds"] = round(time.monotonic() - t0, 1)
     summary["ok"] = bool(ok)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -473,6 +541,22 @@ def main() -> int:
             f"{e['step_in_flight']['committed']}, redone {e['step_in_flight']['redone']} times;"
             f" load {e['load_before']} -> {e['load_after']}"
         )
+    if "hosts" in summary:
+        h = summary["hosts"]
+        if "host_kills" not in h:
+            log(f"hosts: {h['problems']}")
+        else:
+            log(
+                f"hosts (etcd): {h['host_kills']} hosts killed, {h['host_cuts']} cut off "
+                f"(hosts {h['hosts_hit']}, the etcd leader's {h['leader_hosts_hit']} times), "
+                f"ok={h['ok']}; survivors training again after {h['recovery_seconds']} s "
+                f"(leader's host: {h['recovery_seconds_leader_host']}); replacements in step "
+                f"after {h['replacement_seconds']} s; committed steps lost "
+                f"{h['committed_steps_lost']}; {h['final_digests']} final digest(s); etcd "
+                f"member lost alone: longest pause {h['member_loss_pauses']} s (step "
+                f"{h['step_seconds']} s); quorum lost: {h['quorum_loss']}; load "
+                f"{h['load_before']} -> {h['load_mid']} -> {h['load_after']}"
+            )
     log(f"{'ALL PASSED' if ok else 'SOME CHECKS FAILED'} in {summary['seconds']} s -> {args.out}")
     return 0 if ok else 1
 

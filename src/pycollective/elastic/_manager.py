@@ -45,6 +45,7 @@ from ..core import rendezvous
 from ..core.group import ProcessGroup
 from ..core.world import World
 from ..store import EtcdStore, TCPStore
+from ..store._etcd_client import parse_endpoints
 from ._quorum import Decision, Registration, decide
 
 log = logging.getLogger("pycollective.elastic")
@@ -198,8 +199,9 @@ class Manager:
             # etcd names the job itself (the URL's path): every launcher, on every host,
             # must find the same keys, whatever its own PYCOLLECTIVE_JOB_ID
             job = job or "job"
-            self._master_addr = env.master_addr or _etcd_host(store, self._etcd_url)
-            self._multi_node = True
+            hosts = _etcd_hosts(store, self._etcd_url)
+            self._master_addr = env.master_addr or hosts[0]
+            self._multi_node = env.multi_node or not all(map(_netutil.is_loopback, hosts))
         job = job or _config.get("PYCOLLECTIVE_JOB_ID") or "job"
         base = env.store_prefix.rstrip("/") + "/" if env.store_prefix else ""
         self._prefix = f"{base}elastic/{job}"
@@ -853,13 +855,13 @@ class Manager:
         self.samples = int(state["samples"])
 
 
-def _etcd_host(store: EtcdStore | None, url: str | None) -> str:
-    """The first etcd endpoint's host: members listen on the interface towards it."""
+def _etcd_hosts(store: EtcdStore | None, url: str | None) -> list[str]:
+    """The etcd endpoints' hosts: members listen on the interface towards the first."""
     if store is not None:
-        return store.endpoints[0].host
+        return [e.host for e in store.endpoints]
     assert url is not None
     hosts, _ = rendezvous.parse_etcd_url(url)
-    return hosts.split(",")[0].rpartition("://")[2].rsplit(":", 1)[0].strip("[]")
+    return [e.host for e in parse_endpoints(hosts)]
 
 
 def _is_local(host: str) -> bool:
