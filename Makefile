@@ -10,8 +10,10 @@ TORCH_VERSION := 2.13.0
 # mpirun and a real mpiexec.hydra.
 APT_PACKAGES := openmpi-bin libopenmpi-dev mpich
 # Slurm's daemons and client and munge, for the srun and sbatch jobs of tests/api/test_slurm.py
-# (each test starts and stops a cluster of its own); without their recommends: only these.
-APT_SMALL := slurmctld slurmd slurm-client munge
+# (each test starts and stops a cluster of its own), and etcd (3.4), the replicated store of
+# the elastic jobs that survive the loss of any host (tests start their own members:
+# tests/_etcd.py); without their recommends: only these.
+APT_SMALL := slurmctld slurmd slurm-client munge etcd-server
 
 .PHONY: setup system-deps test faults demo bench compare multihost torch-suite lint clean
 
@@ -46,7 +48,9 @@ test: setup
 
 # Fault injection (not part of `test`; several minutes): 50 kill -9 runs, every kind of
 # mismatched call, 12,000 fuzz inputs beside a live job, a 100,000-call soak, SIGINT runs,
-# 20 launcher runs with a rank killed, 20 kill -9 in a row in one elastic job.
+# 20 launcher runs with a rank killed, 20 kill -9 in a row in one elastic job, and (root)
+# an elastic job across 4 namespace hosts on a 3-member etcd: 3 etcd members lost alone,
+# 20 hosts killed whole and 10 cut off then killed, each replaced, then the quorum lost.
 faults: setup
 	$(PY) tools/faults.py
 

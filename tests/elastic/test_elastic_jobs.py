@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import signal
 import time
+import uuid
 
 import pytest
+from tests import _etcd
 from tests.elastic._harness import Job, kills_in_a_row
 
 from pycollective.store import TCPStore
@@ -26,6 +28,22 @@ def test_kill_9_in_a_row_the_survivors_finish_identical_with_their_replacements(
     assert {"step", "collective", "double", "recovery"} <= kinds
     for k in out.kills:
         # at most the step in flight is lost, and training resumes within the bound
+        assert k.resumed_step >= k.committed_before - 1, k
+        assert k.recovery_s is not None and k.recovery_s < 10, k
+    assert len(out.replacement_seconds()) >= 3
+
+
+@pytest.mark.timeout(300)
+def test_kill_9_in_a_row_with_the_store_on_etcd():
+    # the same job, its store a 3-member etcd on loopback (PYCOLLECTIVE_STORE): liveness
+    # from etcd leases, waits by watches, kills noticed through closed connections
+    if _etcd.missing():
+        pytest.fail(_etcd.missing())
+    with _etcd.EtcdCluster(3) as etcd:
+        url = f"etcd://{etcd.endpoints}/{uuid.uuid4().hex[:8]}"
+        out = kills_in_a_row(5, seed=20261202, env={"PYCOLLECTIVE_STORE": url})
+    assert out.problems == [], (out.problems, out.stderr[-4000:])
+    for k in out.kills:
         assert k.resumed_step >= k.committed_before - 1, k
         assert k.recovery_s is not None and k.recovery_s < 10, k
     assert len(out.replacement_seconds()) >= 3

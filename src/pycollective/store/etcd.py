@@ -77,8 +77,8 @@ class EtcdStore(Store):
 
     `secret=None` reads the job's secret from the environment (values are signed with
     it). `auth` carries etcd's own TLS and user/password (default: from the environment,
-    PYCOLLECTIVE_ETCD_*). Opening joins the job's incarnation within `connect_timeout`
-    (default: `timeout`)."""
+    PYCOLLECTIVE_ETCD_CACERT and the rest). Opening joins the job's incarnation within
+    `connect_timeout` (default: `timeout`)."""
 
     def __init__(
         self,
@@ -480,7 +480,8 @@ class EtcdStore(Store):
 
 
 def auth_from_env() -> EtcdAuth:
-    """etcd's TLS and user from PYCOLLECTIVE_ETCD_{CACERT,CERT,KEY,USER,PASSWORD_FILE}."""
+    """etcd's TLS and user from the settings PYCOLLECTIVE_ETCD_CACERT, _CERT, _KEY, _USER
+    and _PASSWORD_FILE."""
     password = None
     path = _config.get("PYCOLLECTIVE_ETCD_PASSWORD_FILE")
     if path:
