@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import time
@@ -32,6 +33,23 @@ from pycollective._netutil import free_port
 ETCD = shutil.which("etcd")
 CLIENT_PORT = 2379
 PEER_PORT = 2380
+
+
+def make_certs(directory: str) -> dict[str, str]:
+    """A CA and one certificate it signed for 127.0.0.1 (server and client alike), with
+    openssl: what a site that runs etcd with TLS and client certificates has."""
+    d = lambda name: os.path.join(directory, name)  # noqa: E731
+    run = lambda *argv: subprocess.run(argv, check=True, capture_output=True)  # noqa: E731
+    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+        "/CN=pycollective test CA", "-keyout", d("ca.key"), "-out", d("ca.pem"))  # fmt: skip
+    with open(d("ext.cnf"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
+    run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+        "-keyout", d("node.key"), "-out", d("node.csr"))  # fmt: skip
+    run("openssl", "x509", "-req", "-in", d("node.csr"), "-CA", d("ca.pem"), "-CAkey",
+        d("ca.key"), "-CAcreateserial", "-days", "2", "-extfile", d("ext.cnf"),
+        "-out", d("node.pem"))  # fmt: skip
+    return {"ca": d("ca.pem"), "cert": d("node.pem"), "key": d("node.key")}
 
 
 def missing() -> str | None:
@@ -52,6 +70,7 @@ class EtcdCluster:
         on: Sequence[int] | None = None,
         token: str | None = None,
         extra: Sequence[str] = (),
+        tls: dict[str, str] | None = None,
     ) -> None:
         if ETCD is None:
             raise RuntimeError(missing())
@@ -61,6 +80,12 @@ class EtcdCluster:
         self.tmp = tempfile.mkdtemp(prefix="pycollective-etcd-")
         self.token = token or f"pc-{os.getpid()}-{int(time.time() * 1e3)}"
         self.extra = list(extra)
+        # {"cert", "key", "ca"}: clients must speak TLS and show a certificate the CA signed
+        self.tls = tls
+        self.scheme = "https" if tls else "http"
+        if tls:
+            self.extra += ["--cert-file", tls["cert"], "--key-file", tls["key"],
+                           "--trusted-ca-file", tls["ca"], "--client-cert-auth"]  # fmt: skip
         if hosts is None:
             self.addrs = ["127.0.0.1"] * n
             self.client_ports = [free_port() for _ in range(n)]
@@ -87,8 +112,8 @@ class EtcdCluster:
     def _argv(self, i: int, state: str) -> list[str]:
         a, cp, pp = self.addrs[i], self.client_ports[i], self.peer_ports[i]
         return [ETCD, "--name", f"m{i}", "--data-dir", os.path.join(self.tmp, f"m{i}.data"),
-                "--listen-client-urls", f"http://{a}:{cp}",
-                "--advertise-client-urls", f"http://{a}:{cp}",
+                "--listen-client-urls", f"{self.scheme}://{a}:{cp}",
+                "--advertise-client-urls", f"{self.scheme}://{a}:{cp}",
                 "--listen-peer-urls", f"http://{a}:{pp}",
                 "--initial-advertise-peer-urls", f"http://{a}:{pp}",
                 "--initial-cluster", self._initial_cluster(),
@@ -174,11 +199,15 @@ class EtcdCluster:
     def _post(self, i: int, path: str, body: dict, timeout: float = 1.0) -> dict:
         """A request to member i's gateway, from where the test runs (loopback), or from
         inside its host (namespaces: the test process is outside them)."""
-        url = f"http://{self.endpoint(i)}/v3/{path}"
+        url = f"{self.scheme}://{self.endpoint(i)}/v3/{path}"
         if self.hosts is None:
             req = urllib.request.Request(url, json.dumps(body).encode(), method="POST")
+            ctx = None
+            if self.tls:
+                ctx = ssl.create_default_context(cafile=self.tls["ca"])
+                ctx.load_cert_chain(self.tls["cert"], self.tls["key"])
             try:
-                with urllib.request.urlopen(req, timeout=timeout) as resp:
+                with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:
                     return json.loads(resp.read())
             except (OSError, ValueError, urllib.error.URLError):
                 return {}

@@ -19,7 +19,7 @@ import urllib.request
 import uuid
 
 import pytest
-from tests._etcd import EtcdCluster
+from tests._etcd import EtcdCluster, make_certs
 
 from pycollective import _errors
 from pycollective.store import EtcdStore, StoreError, _signed
@@ -236,3 +236,27 @@ def test_etcd_auth_is_passed_through(tmp_path):
         out = subprocess.run([sys.executable, "-c", code, cluster.endpoints], env=env,
                              capture_output=True, text=True, timeout=30)  # fmt: skip
         assert out.returncode == 0 and out.stdout.strip() == "1", out.stderr[-2000:]
+
+
+def test_etcd_tls_with_client_certificates_is_passed_through(tmp_path):
+    certs = make_certs(str(tmp_path))
+    with EtcdCluster(1, tls=certs) as cluster:
+        code = textwrap.dedent("""
+            import sys
+            from pycollective.store import EtcdStore
+            s = EtcdStore(sys.argv[1], "tlsjob", b"k", timeout=5)
+            s.set("x", "1"); print(s.get("x").decode()); s.close()
+        """)
+        env = dict(os.environ, PYCOLLECTIVE_ETCD_CACERT=certs["ca"],
+                   PYCOLLECTIVE_ETCD_CERT=certs["cert"],
+                   PYCOLLECTIVE_ETCD_KEY=certs["key"])  # fmt: skip
+        out = subprocess.run([sys.executable, "-c", code, cluster.endpoints], env=env,
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert out.returncode == 0 and out.stdout.strip() == "1", out.stderr[-2000:]
+        # without its certificate the member refuses us, and the error says so
+        env.pop("PYCOLLECTIVE_ETCD_CERT")
+        env.pop("PYCOLLECTIVE_ETCD_KEY")
+        out = subprocess.run([sys.executable, "-c", code, cluster.endpoints], env=env,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert out.returncode != 0
+        assert "StoreError" in out.stderr and "could not reach etcd" in out.stderr, out.stderr

@@ -236,6 +236,9 @@ class EtcdClient:
                     break
                 try:
                     answer = self._post(ep, path, data, min(left, attempt))
+                except ssl.SSLError as exc:
+                    # a certificate refused either way: no other member will think otherwise
+                    raise EtcdError(f"{self.where()} refused us: TLS: {exc}", -1) from None
                 except (OSError, http.client.HTTPException) as exc:
                     failures.append(f"{ep}: {exc or type(exc).__name__}")
                     continue

@@ -65,6 +65,8 @@ logger = logging.getLogger("pycollective.store")
 
 ROOT = "pycollective"
 _TXN_OPS = 100  # etcd's default --max-txn-ops is 128
+# answers that no retry will change: etcd's auth or TLS refused us
+_REFUSALS = ("TLS", "auth", "user name is empty", "permission denied", "authentication failed")
 
 
 def _rev(answer: dict) -> int:
@@ -281,8 +283,9 @@ class EtcdStore(Store):
                 if self._join_once():
                     break
             except EtcdError as exc:
-                if "refused" in str(exc) and "auth" in str(exc).lower():
-                    raise
+                text = str(exc)
+                if exc.code in (-1, 7, 16) or any(w in text for w in _REFUSALS):
+                    raise StoreError(f"could not reach {self.where}: {exc}") from None
                 last = exc
                 time.sleep(0.2)
         self._update(self._users, "users", lambda cur: (None, str(
