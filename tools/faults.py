@@ -410,10 +410,24 @@ def host_runs(kills_n: int, cuts: int, members: int, per_host: list[int], seed: 
                 leader.setdefault(k.kind, []).append(k.recovery_s)
     lost = [max(0, k.committed_before - (k.resumed_step or 0)) for k in out.kills]
     digests = {m.done["digest"] for m in out.members.values() if m.done}
+    details = [{"kind": k.kind, "host": e["host"], "leader_host": e["host"] == e["leader_host"],
+                "members": k.victims, "recovery_s": k.recovery_s}
+               for k, e in zip(out.kills, extra["events"], strict=True)]  # fmt: skip
+    joins = []
+    for m in out.members.values():
+        ok = [x for x in m.steps if x["ok"]]
+        if m.rounds and m.rounds[0]["round"] > 0 and ok:
+            first = m.rounds[0]
+            joins.append({"member": m.id, "seconds": round(ok[0]["t"] - m.started, 3),
+                          "until_round_began": round(first["started"] - m.started, 3),
+                          "round_seconds": round(first["seconds"], 3),
+                          "rounds_tried": first["round"]})  # fmt: skip
     return {
         "ok": not out.problems and not quorum["problems"],
         "problems": out.problems[:10] + quorum["problems"][:5],
         "per_host": per_host,
+        "failures_detail": details,
+        "replacements_detail": sorted(joins, key=lambda j: -j["seconds"])[:12],
         "host_kills": sum(1 for k in out.kills if k.kind == "kill"),
         "host_cuts": sum(1 for k in out.kills if k.kind == "cut"),
         "hosts_hit": sorted({e["host"] for e in extra["events"]}),

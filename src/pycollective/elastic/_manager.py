@@ -591,7 +591,10 @@ class Manager:
 
     def _close_world(self) -> None:
         world, self._world, self.group = self._world, None, None
-        if world is not None:
+        self._close(world)
+
+    def _close(self, world: World | None) -> None:
+        if world is not None and not world.closed:
             try:
                 rendezvous.close_world(world)
             except (CollectiveError, OSError) as exc:
@@ -619,6 +622,10 @@ class Manager:
     def _reconfigure(self) -> None:
         """Leave the old group and settle into a new one (bounded; raises ElasticError)."""
         started, t0 = time.time(), time.monotonic()
+        failure = self._store.failure if isinstance(self._store, EtcdStore) else None
+        if failure is not None:
+            self._close_world()
+            raise ElasticError(f"the elastic job cannot go on: {failure}")
         deadline = t0 + self._bound()
         reason = f"{type(self._error).__name__}: {self._error}" if self._error else "join"
         old = list(self._members)
@@ -627,47 +634,57 @@ class Manager:
         # peer closed means that peer registered or died: the round need not wait for its
         # lease to run out (on etcd, a TTL of seconds) to tell which. The old group is
         # closed only once this member registered, for the same reason.
-        closed = self._peers_closed(self._members)
+        leaving = (self._world, list(self._members))
+        closed = self._peers_closed(*leaving)
         closed_for = self._round + 1 if self._round is not None else None
+        self._world, self.group = None, None  # closed once registered (_decide)
         t = self._round + 1 if self._round is not None else self._latest() + 1
-        while True:
-            poison = self._poisoned()
-            if poison is not None:
-                raise ElasticError(f"the elastic job failed: {poison}")
-            if self._finished():
-                raise JobFinished("the elastic job finished before this member could join")
-            if time.monotonic() > deadline:
-                raise ElasticError(f"no new group formed within {self._bound():g} s")
-            decision = self._decide(t, deadline, closed if t == closed_for else [])
-            if decision.failed:
-                self._store.compare_set(self._key("failed"), "", decision.failed)
-                raise ElasticError(decision.failed)
-            if self.uid not in decision.uids:
-                t += 1  # decided without us (we came late): ask the next round
-                continue
-            try:
-                received = self._form(decision)
-            except (CollectiveError, OSError) as exc:
-                log.info("elastic: round %d did not form (%s); trying the next", t, exc)
-                closed = self._peers_closed(decision.uids)  # closed after the registration
-                self._round, self._members = t, decision.uids
-                t += 1
-                closed_for = t
-                continue
-            now = set(decision.uids)
-            event = Event(
-                t, decision.uids, self.rank, sorted(set(old) - now), sorted(now - set(old)),
-                self.step, received, started, time.monotonic() - t0, reason,
-            )  # fmt: skip
-            self.events.append(event)
-            log.info("elastic: round %d: %d members, rank %d, step %d (%.3f s)",
-                     t, len(now), self.rank, self.step, event.seconds)  # fmt: skip
-            return
+        try:
+            while True:
+                poison = self._poisoned()
+                if poison is not None:
+                    raise ElasticError(f"the elastic job failed: {poison}")
+                if self._finished():
+                    raise JobFinished("the elastic job finished before this member could join")
+                if time.monotonic() > deadline:
+                    raise ElasticError(f"no new group formed within {self._bound():g} s")
+                if t != closed_for:
+                    self._close(leaving[0])
+                    closed, leaving = [], (None, [])
+                decision = self._decide(t, deadline, closed, leaving)
+                leaving = (None, [])
+                if decision.failed:
+                    self._store.compare_set(self._key("failed"), "", decision.failed)
+                    raise ElasticError(decision.failed)
+                if self.uid not in decision.uids:
+                    t += 1  # decided without us (we came late): ask the next round
+                    continue
+                try:
+                    received = self._form(decision)
+                except (CollectiveError, OSError) as exc:
+                    log.info("elastic: round %d did not form (%s); trying the next", t, exc)
+                    leaving = (self._world, decision.uids)  # closed after the registration
+                    closed = self._peers_closed(*leaving)
+                    self._world, self.group = None, None
+                    self._round, self._members = t, decision.uids
+                    t += 1
+                    closed_for = t
+                    continue
+                now = set(decision.uids)
+                event = Event(
+                    t, decision.uids, self.rank, sorted(set(old) - now), sorted(now - set(old)),
+                    self.step, received, started, time.monotonic() - t0, reason,
+                )  # fmt: skip
+                self.events.append(event)
+                log.info("elastic: round %d: %d members, rank %d, step %d (%.3f s)",
+                         t, len(now), self.rank, self.step, event.seconds)  # fmt: skip
+                return
+        finally:
+            self._close(leaving[0])  # an error on the way: still closed
 
-    def _peers_closed(self, uids: list[str]) -> list[str]:
-        """The members of the group being left (`uids`, in its rank order) whose end of
-        their connection to this member is closed."""
-        world = self._world
+    def _peers_closed(self, world: World | None, uids: list[str]) -> list[str]:
+        """The members of the group being left (`world`, `uids` in its rank order) whose
+        end of their connection to this member is closed."""
         transport = getattr(world, "transport", None)
         transport = getattr(transport, "inner", transport)  # under a CountingTransport
         ask = getattr(transport, "peers_closed", None)
@@ -695,9 +712,29 @@ class Manager:
     def _finished(self) -> bool:
         return self._fresh and self._store.check([self._key("done")])
 
-    def _decide(self, t: int, deadline: float, closed: Sequence[str] = ()) -> Decision:
+    def _decide(
+        self,
+        t: int,
+        deadline: float,
+        closed: Sequence[str] = (),
+        leaving: tuple[World | None, list[str]] = (None, []),
+    ) -> Decision:
         """Register for round t and wait for its decision (deciding it when ours to).
-        `closed`: the members of round t - 1 whose connections to us closed."""
+        `closed`: the members of round t - 1 whose connections to us closed; `leaving`:
+        the group of round t - 1 and its members, closed once we registered, or (a
+        decider that may still learn who closed) once the round is decided."""
+        try:
+            return self._register_and_decide(t, deadline, closed, leaving)
+        finally:
+            self._close(leaving[0])
+
+    def _register_and_decide(
+        self,
+        t: int,
+        deadline: float,
+        closed: Sequence[str],
+        leaving: tuple[World | None, list[str]],
+    ) -> Decision:
         me = Registration(
             self.uid,
             self.step,
@@ -710,9 +747,11 @@ class Manager:
         )
         i = self._store.add(self._key("round", t, "n"), 1)
         self._store.set(self._key("round", t, "reg", i), json.dumps(me.to_json()))
-        self._close_world()  # only now (see _reconfigure)
         decision_key = self._key("round", t, "decision")
         previous = self._previous(t)
+        if previous is None or self.uid not in previous:
+            self._close(leaving[0])  # not a decider: nothing more to learn from it
+            leaving = (None, [])
         regs: dict[int, Registration] = {}
         joined_at = time.monotonic()
         # A newcomer waits as long as a step may take; a member, the join timeout.
@@ -728,7 +767,10 @@ class Manager:
                     if j not in regs and self._store.check([key]):
                         regs[j] = Registration.from_json(json.loads(self._store.get(key)))
                 listed = [regs[j] for j in sorted(regs)]
-                accused = self._accused(t, listed, previous, regs)
+                # what this member sees closing while it waits counts too: a member of the
+                # lost host whose socket the kernel had not closed yet at our first look
+                mine = self._peers_closed(*leaving)
+                accused = self._accused(t, listed, previous, regs, mine)
                 listed = [regs[j] for j in sorted(regs)]
                 watch = ({r.uid for r in listed} | set(previous or [])) - {self.uid}
                 dead = self._dead(watch) | accused
@@ -758,6 +800,7 @@ class Manager:
         listed: list[Registration],
         previous: list[str] | None,
         regs: dict[int, Registration],
+        mine: Sequence[str] = (),
     ) -> set[str]:
         """Members of round t - 1 that a registered member of it saw close their
         connections and that have not registered: dead (see _reconfigure). Before that
@@ -766,7 +809,7 @@ class Manager:
         if not previous:
             return set()
         members = set(previous)
-        accused = {u for r in listed if r.uid in members for u in r.closed} & members
+        accused = ({u for r in listed if r.uid in members for u in r.closed} | set(mine)) & members
         accused -= {r.uid for r in listed} | {self.uid}
         if accused:
             n = int(self._store.get(self._key("round", t, "n")))

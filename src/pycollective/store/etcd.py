@@ -125,6 +125,7 @@ class EtcdStore(Store):
         self._stop = threading.Event()
         self._kick = threading.Event()  # set_lease made a shorter lease: renew on its clock
         self._failure: str | None = None
+        self._quorum_lost: str | None = None  # until the cluster has a leader again
         self._no_leader_since: float | None = None
         self._keeper: threading.Thread | None = None
         budget = self.timeout if connect_timeout is None else Store._resolve(self, connect_timeout)
@@ -171,6 +172,10 @@ class EtcdStore(Store):
     ) -> dict:
         if self._shut:
             raise StoreError(f"{self.where}: the store is closed")
+        if self._quorum_lost is not None:
+            # said once by the lease thread, at once to every caller since: a rank on its
+            # way into a new round names the lost quorum now, not after a request's budget
+            raise StoreError(self._quorum_lost)
         answer = self._client.call(path, body, budget, attempt)
         rev = _rev(answer)
         if rev > getattr(self._tls, "rev", 0):
@@ -262,7 +267,7 @@ class EtcdStore(Store):
     def _keepalive_once(self, lease: int, ttl: float) -> int:
         """The lease's TTL after renewing it; 0 if it no longer exists. Each member gets a
         third of the TTL (a member cut off must not hold the renewal up until it expires)."""
-        answer = self._call("lease/keepalive", {"ID": str(lease)}, budget=ttl / 2,
+        answer = self._client.call("lease/keepalive", {"ID": str(lease)}, budget=ttl / 2,
                             attempt=max(0.2, ttl / 6))  # fmt: skip
         return int((answer.get("result") or {}).get("TTL", 0))
 
@@ -333,6 +338,7 @@ class EtcdStore(Store):
                 if self._keepalive_once(self._job_lease, ttl) <= 0:
                     logger.warning("%s: the job's lease expired", self.where)
                 self._no_leader_since = None
+                self._quorum_lost = None
             except EtcdError as exc:
                 now = time.monotonic()
                 if self._no_leader_since is None:
@@ -343,6 +349,7 @@ class EtcdStore(Store):
                 elif now - self._no_leader_since > max(5.0, 2 * (self._session_ttl or 2)):
                     self._failure = (f"lost the etcd quorum: {self.where} has had no leader for "
                                      f"{now - self._no_leader_since:.1f} s ({exc})")  # fmt: skip
+                    self._quorum_lost = self._failure
 
     # ------------------------------------------------------------------ the Store API
 
