@@ -398,7 +398,8 @@ def host_runs(kills_n: int, cuts: int, members: int, per_host: list[int], seed: 
         3, hosts=hosts, on=[0, 1, 2]
     ) as etcd:
         out, extra = host_losses(hosts, etcd, kills_n, seed, per_host=per_host, cuts=cuts,
-                                 member_losses=members, log=log)  # fmt: skip
+                                 member_losses=members, log=log,
+                                 stderr_to=os.environ.get("FAULTS_HOSTS_STDERR"))  # fmt: skip
         load_mid = os.getloadavg()
         quorum = quorum_loss(hosts, etcd, per_host=per_host, log=log)
     by_kind: dict[str, list[float]] = {}

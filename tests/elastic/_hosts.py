@@ -215,6 +215,7 @@ def host_losses(
     cuts: int = 0,
     member_losses: int = 0,
     log=None,
+    stderr_to: str | None = None,
 ) -> tuple[Outcome, dict]:
     """One job across the hosts; `member_losses` etcd members killed alone (the leader's
     among them) with the pause they cause measured, then `kills` hosts killed (kill -9 of
@@ -287,6 +288,9 @@ def host_losses(
         rc = None
     finally:
         job.close()
+        if stderr_to:  # every line the launchers and members wrote, for a post-mortem
+            with open(stderr_to, "w") as f:
+                f.write("".join(job.stderr))
     out = job.judge(rc, done, stop)
     out.problems[:0] = problems
     out.problems += job.leftovers()

@@ -24,7 +24,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -219,10 +219,12 @@ class EtcdClient:
         body: dict[str, Any],
         budget: float | None = None,
         attempt: float | None = None,
+        abandon: Callable[[], str | None] | None = None,
     ) -> dict:
         """POST `body` to /v3/`path` and return the answer; EtcdError when etcd refuses it
         or no endpoint answers within `budget` (default `self.budget`). One endpoint gets
-        `attempt` seconds (default the request timeout) before the next is tried."""
+        `attempt` seconds (default the request timeout) before the next is tried;
+        `abandon()`, asked between attempts, may end the request with its reason."""
         budget = self.budget if budget is None else budget
         attempt = self.request_timeout if attempt is None else attempt
         deadline = time.monotonic() + budget
@@ -234,6 +236,9 @@ class EtcdClient:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
+                reason = abandon() if abandon is not None and failures else None
+                if reason is not None:
+                    raise EtcdError(reason)
                 try:
                     answer = self._post(ep, path, data, min(left, attempt))
                 except ssl.SSLError as exc:

@@ -176,7 +176,7 @@ class EtcdStore(Store):
             # said once by the lease thread, at once to every caller since: a rank on its
             # way into a new round names the lost quorum now, not after a request's budget
             raise StoreError(self._quorum_lost)
-        answer = self._client.call(path, body, budget, attempt)
+        answer = self._client.call(path, body, budget, attempt, lambda: self._quorum_lost)
         rev = _rev(answer)
         if rev > getattr(self._tls, "rev", 0):
             self._tls.rev = rev
