@@ -133,6 +133,8 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float, stage: str) -> byt
             k = sock.recv_into(view[got:], n - got)
         except TimeoutError:
             raise HandshakeError(f"handshake timed out ({stage})", transient=True) from None
+        except ssl.SSLError as exc:  # an alert: the peer refused our certificate, say
+            raise HandshakeError(f"TLS handshake failed ({stage}): {exc.reason or exc}") from None
         except OSError as exc:
             raise HandshakeError(f"handshake failed ({stage}): {exc}", transient=True) from None
         if k == 0:
@@ -245,11 +247,13 @@ def accept_handshake(
     if verdict != GO_ON:
         raise HandshakeError(f"the peer sent an unknown verdict {verdict}")
     verdict_bytes = _VERDICT.pack(verdict, their_id, their_flags)
+    # Our view of the connection, taken now: once TLS has failed, a reset socket has none.
+    view = _view(sock, connector=False) if creds.bind_addresses else b""
     if creds.tls is None:
-        return _judge(sock, creds, purpose, deadline, hello, verdict_bytes)
+        return _judge(sock, creds, purpose, deadline, hello, verdict_bytes, view)
     tls = _wrap(sock, creds, True, deadline)
     try:
-        return _judge(tls, creds, purpose, deadline, hello, verdict_bytes)
+        return _judge(tls, creds, purpose, deadline, hello, verdict_bytes, view)
     except BaseException:
         tls.close()
         raise
@@ -262,6 +266,7 @@ def _judge(
     deadline: float,
     hello: bytes,
     verdict_bytes: bytes,
+    view: bytes,
 ) -> socket.socket:
     """The acceptor's second half: read the connector's proof and judge it."""
     key = creds.handshake_key()
@@ -277,7 +282,6 @@ def _judge(
     claimed_bind, proof = tail[:n_bind], tail[n_bind:]
     nonce = nonce_c[:NONCE_BYTES]
     bound = creds.bind_addresses
-    view = _view(sock, connector=False) if bound else b""
     mine = _proof_part(nonce, view, _channel(sock))
     expected = _mac(key, b"C", purpose, hello, verdict_bytes, mine)
     if not hmac.compare_digest(proof, expected):
@@ -310,8 +314,12 @@ def connect_handshake(
     creds = _as_credentials(creds)
     deadline = time.monotonic() + timeout
     key_id = creds.key.derive(b"key id")[:KEY_ID_BYTES]
-    hello = _recv_exact(sock, _HELLO.size, deadline, "waiting for the server's hello")
-    magic, status, flags, their_id, _nonce_a = _HELLO.unpack(hello)
+    # The magic first: an older server's hello is shorter, and is named as such.
+    magic = _recv_exact(sock, len(MAGIC), deadline, "waiting for the server's hello")
+    if magic == MAGIC:
+        rest = _recv_exact(sock, _HELLO.size - len(MAGIC), deadline, "reading the hello")
+        hello = magic + rest
+        magic, status, flags, their_id, _nonce_a = _HELLO.unpack(hello)
     if magic == _OLD_MAGIC:
         raise HandshakeError(
             "the server runs an older pycollective (handshake version 1): every rank and the "
@@ -348,11 +356,12 @@ def connect_handshake(
             )
             + ": set PYCOLLECTIVE_TLS (and the certificates) the same on every rank"
         )
+    view = _view(sock, connector=True) if flags & BOUND_FLAG else b""
     if not flags & TLS_FLAG:
-        return _prove(sock, creds, purpose, deadline, hello, verdict_bytes, flags)
+        return _prove(sock, creds, purpose, deadline, hello, verdict_bytes, view)
     tls = _wrap(sock, creds, False, deadline)
     try:
-        return _prove(tls, creds, purpose, deadline, hello, verdict_bytes, flags)
+        return _prove(tls, creds, purpose, deadline, hello, verdict_bytes, view)
     except BaseException:
         tls.close()
         raise
@@ -365,11 +374,10 @@ def _prove(
     deadline: float,
     hello: bytes,
     verdict_bytes: bytes,
-    flags: int,
+    view: bytes,
 ) -> socket.socket:
     """The connector's second half: send our proof, check the acceptor's."""
     key = creds.handshake_key()
-    view = _view(sock, connector=True) if flags & BOUND_FLAG else b""
     mine = _proof_part(os.urandom(NONCE_BYTES), view, _channel(sock))
     proof = _mac(key, b"C", purpose, hello, verdict_bytes, mine)
     # What the acceptor cannot know, in the clear: our view, so it can tell a relay from a
@@ -437,20 +445,27 @@ class HandshakeGate:
     (of the same address, if that one is over its share) is cut off for the newcomer. A real
     peer finishes within a round trip, so a flood must outpace that to delay it, and the
     connector retries (connect_retrying); a peer that connects and says nothing holds a
-    slot only until newer ones push it out or its timeout ends."""
+    slot only until newer ones push it out or its timeout ends.
+
+    A slot names its connection by descriptor and socket inode (TLS wraps the socket object
+    during the handshake; the descriptor stays), so a connection closed meanwhile, whose
+    descriptor another one took, is never cut off by mistake."""
 
     def __init__(self, limit: int = 256, per_source: int = 64) -> None:
         self.limit = limit
         self.per_source = per_source
         self.evicted = 0
         self._lock = threading.Lock()
-        self._pending: dict[socket.socket, str] = {}  # in arrival order
+        self._pending: dict[tuple[int, int], str] = {}  # slot -> source, in arrival order
 
-    def enter(self, sock: socket.socket, source: str) -> None:
-        """Give `sock` (from `source`) a slot, evicting an older one if need be."""
+    def enter(self, sock: socket.socket, source: str) -> tuple[int, int]:
+        """Give `sock` (from `source`) a slot, evicting an older one if need be; returns
+        the slot, for `leave`."""
+        fd = sock.fileno()
+        slot = (fd, os.fstat(fd).st_ino)
         with self._lock:
             victim = None
-            same = [s for s, src in self._pending.items() if src == source]
+            same = [k for k, src in self._pending.items() if src == source]
             if len(same) >= self.per_source:
                 victim = same[0]
             elif len(self._pending) >= self.limit:
@@ -458,21 +473,41 @@ class HandshakeGate:
             if victim is not None:
                 del self._pending[victim]
                 self.evicted += 1
-            self._pending[sock] = source
+            self._pending[slot] = source
         if victim is not None:
-            try:
-                victim.shutdown(socket.SHUT_RDWR)  # its handshake fails at once
-            except OSError:
-                pass
+            _cut_off(*victim)  # its handshake fails at once
+        return slot
 
-    def leave(self, sock: socket.socket) -> None:
+    def leave(self, slot: tuple[int, int]) -> None:
         with self._lock:
-            self._pending.pop(sock, None)
+            self._pending.pop(slot, None)
 
     @property
     def pending(self) -> int:
         with self._lock:
             return len(self._pending)
+
+
+def _cut_off(fd: int, inode: int) -> None:
+    """Shut down the connection `fd` names if it is still the socket `inode` (checked on a
+    duplicate, which cannot change under us), without closing the holder's descriptor."""
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return
+    try:
+        if os.fstat(dup).st_ino == inode:
+            sock = socket.socket(fileno=dup)
+            dup = -1  # the socket object owns it now
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            finally:
+                sock.close()
+    finally:
+        if dup >= 0:
+            os.close(dup)
 
 
 def source_of(addr: object) -> str:

@@ -215,7 +215,7 @@ class TCPStoreServer:
 
     def _authenticate(self, conn: socket.socket, addr: object) -> socket.socket | None:
         """The handshake, in a slot of the gate; the socket to serve, or None."""
-        self._gate.enter(conn, _auth.source_of(addr))
+        slot = self._gate.enter(conn, _auth.source_of(addr))
         try:
             with self._lock:
                 full = self._authenticated >= self._max_connections
@@ -230,7 +230,7 @@ class TCPStoreServer:
                 self.refused = [*self.refused[-15:], f"{_auth.source_of(addr)}: {exc}"]
             return None
         finally:
-            self._gate.leave(conn)
+            self._gate.leave(slot)
         with self._lock:
             self._authenticated += 1
             if sock is not conn:  # TLS: close() must reach the wrapped socket

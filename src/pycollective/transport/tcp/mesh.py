@@ -145,11 +145,11 @@ def _accept_all(
     refused: list[str] = []
 
     def handshake(raw: socket.socket, addr: tuple) -> None:
-        gate.enter(raw, _auth.source_of(addr))
+        slot = gate.enter(raw, _auth.source_of(addr))
         try:
             sock, peer = _accept_peer(raw, addr, rank, size, creds, deadline, refused)
         finally:
-            gate.leave(raw)
+            gate.leave(slot)
         with lock:
             if state["open"]:
                 results.put((sock, peer))
