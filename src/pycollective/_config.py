@@ -417,6 +417,13 @@ def _vars() -> tuple[Var, ...]:
             "tests",
         ),
         Var("PYCOLLECTIVE_TEST_JOB", NAME, None, "Tags the test suite's jobs.", "tests"),
+        Var(
+            "PYCOLLECTIVE_ATTACK_FLOOD",
+            POSITIVE,
+            None,
+            "Half-open connections the attack tests' floods hold (tests/security; make faults).",
+            "tests",
+        ),
     ]
     return tuple(user + algos + launcher + tests)
 

@@ -138,10 +138,16 @@ def test_ranks_whose_keys_differ_fail_at_once_saying_what_to_set(tmp_path) -> No
         2,
         ("allreduce",),
         env=env,
-        per_rank_env={1: {"XDG_CONFIG_HOME": str(tmp_path / "other-home")}},
+        per_rank_env={
+            0: {"PYCOLLECTIVE_TIMEOUT": "8"},
+            1: {"XDG_CONFIG_HOME": str(tmp_path / "other-home")},
+        },
         timeout=80,
     )
-    rank1 = results[1]
+    rank0, rank1 = results
+    # rank 0, started by hand, waits for rank 1 until its timeout, then says why
+    assert rank0.returncode != 0 and "the store refused meanwhile" in rank0.stderr, rank0.stderr
+    assert "whose key differs" in rank0.stderr
     assert rank1.returncode != 0
     assert "key differs" in rank1.stderr and "PYCOLLECTIVE_SECRET" in rank1.stderr, rank1.stderr
     assert str(tmp_path / "other-home" / "pycollective" / "secret") in rank1.stderr

@@ -138,6 +138,10 @@ class JobStore:
     def get(self, key: str, timeout: float | None = None) -> bytes:
         return self._store.get(self._prefix + key, timeout)
 
+    def refusals(self) -> list[str]:
+        """Why the server this rank hosts refused connections lately (none if it hosts none)."""
+        return list(self._server.refused) if self._server is not None else []
+
     def close(self) -> None:
         try:
             self._store.close()
@@ -183,6 +187,10 @@ def connect_world(
         except (CollectiveTimeout, StoreError) as exc:
             if isinstance(exc, CollectiveTimeout) or "timed out" in str(exc):
                 _config.with_timeout_hint(exc, timeout)
+                # A rank whose key differs was refused by the store this rank hosts: say so.
+                refused = store.refusals() if hasattr(store, "refusals") else []
+                if refused:
+                    exc.args = (f"{exc}; the store refused meanwhile: {'; '.join(refused[-3:])}",)
             raise
         log.info(
             "rank %d: TCP mesh of %d ranks up in %.3f s (listening on %s, advertised as %s; "
