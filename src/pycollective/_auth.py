@@ -56,6 +56,7 @@ DIGEST_BYTES = 32
 KEY_ID_BYTES = 8
 MAX_VIEW_BYTES = 200  # "host:port>host:port" of two IPv6 addresses fits many times
 MAX_BINDING_BYTES = 128
+_LATE_DROPS = 5  # connect_retrying gives up on an acceptor that drops this many proofs
 
 _HELLO = struct.Struct(f"<{len(MAGIC)}sBB{KEY_ID_BYTES}s{NONCE_BYTES}s")
 _VERDICT = struct.Struct(f"<B{KEY_ID_BYTES}sB")
@@ -80,9 +81,10 @@ class HandshakeError(AuthenticationError):
     """A handshake that failed. `transient` ones (the acceptor was busy or dropped us
     before judging our proof) are worth another try; the rest are final."""
 
-    def __init__(self, message: str, transient: bool = False) -> None:
+    def __init__(self, message: str, transient: bool = False, late: bool = False) -> None:
         super().__init__(message)
         self.transient = transient
+        self.late = late  # after our proof: a real acceptor answers it
 
 
 @dataclass(frozen=True)
@@ -380,10 +382,14 @@ def _prove(
     key = creds.handshake_key()
     mine = _proof_part(os.urandom(NONCE_BYTES), view, _channel(sock))
     proof = _mac(key, b"C", purpose, hello, verdict_bytes, mine)
-    # What the acceptor cannot know, in the clear: our view, so it can tell a relay from a
-    # wrong key. (The nonce, view and binding go again below, as the proof covers them.)
+    # Our view goes in the clear too (the proof covers it), so that the acceptor can tell a
+    # relay from a wrong key.
     _send_all(sock, mine + proof, deadline)
-    result = _recv_exact(sock, 1, deadline, "waiting for the server's judgement")[0]
+    try:
+        result = _recv_exact(sock, 1, deadline, "waiting for the server's judgement")[0]
+    except HandshakeError as exc:
+        exc.late = True
+        raise
     if result != OK:
         text = _RESULT_TEXT.get(result, f"the server refused us (status {result})")
         if result == BAD_PROOF:
@@ -413,6 +419,7 @@ def connect_retrying(
     seconds even past the deadline (a short deadline is for finding the server). `abort()`
     may raise to give up early."""
     pause = 0.01
+    late = 0  # drops after our proof: a real acceptor answers a proof, a squatter may not
     while True:
         if abort is not None:
             abort()
@@ -422,7 +429,14 @@ def connect_retrying(
             return connect_handshake(sock, creds, purpose, timeout=budget)
         except HandshakeError as exc:
             sock.close()
-            if not exc.transient:
+            late += exc.late
+            if not exc.transient or late >= _LATE_DROPS:
+                if exc.transient:
+                    raise HandshakeError(
+                        f"{where} dropped our handshake {late} times after our proof instead "
+                        "of judging it: it is not this job's (another program holds that "
+                        f"address?); last: {exc}"
+                    ) from None
                 raise
             if time.monotonic() + pause >= deadline:
                 raise HandshakeError(

@@ -75,8 +75,9 @@ class Relay:
 class Squatter:
     """Holds a port and greets every connection with `hello` (then reads what comes)."""
 
-    def __init__(self, hello: bytes, port: int = 0) -> None:
+    def __init__(self, hello: bytes, port: int = 0, hang_up: bool = False) -> None:
         self.hello = hello
+        self.hang_up = hang_up  # after reading what the client sent, instead of staying
         self._listener = socket.create_server(("127.0.0.1", port))
         self.port = self._listener.getsockname()[1]
         self.heard: list[bytes] = []
@@ -93,7 +94,15 @@ class Squatter:
             try:
                 conn.sendall(self.hello)
                 conn.settimeout(2)
-                self.heard.append(conn.recv(4096))
+                heard = b""
+                while len(heard) < 60:  # the client's verdict and proof
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    heard += chunk
+                self.heard.append(heard)
+                if self.hang_up:
+                    conn.close()
             except OSError:
                 pass
 

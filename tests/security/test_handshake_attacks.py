@@ -160,6 +160,22 @@ def test_a_squatter_cannot_pass_for_the_store(server) -> None:
         squatter.close()
 
 
+def test_a_squatter_that_hangs_up_on_every_proof_is_given_up_on(server) -> None:
+    """It cannot judge a proof, so it drops the connection: the client tries a few times
+    (a flood on a real server can cut a handshake short too), then names it."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+        hello = s.recv(_auth.HELLO_BYTES)
+    squatter = Squatter(hello, hang_up=True)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(AuthenticationError, match="dropped our handshake 5 times"):
+            TCPStore("127.0.0.1", squatter.port, SECRET, timeout=60)
+        assert time.monotonic() - t0 < 15
+        assert len(squatter.heard) == 5
+    finally:
+        squatter.close()
+
+
 def test_a_squatter_speaking_another_protocol_is_named() -> None:
     squatter = Squatter(b"HTTP/1.1 400 Bad Request\r\n\r\n" + b" " * 40)
     try:
