@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard src/pycollective/_native/*.[ch])
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch pinned here to the CPU build (2.13.0): the extra's range could pull a CUDA build
 	# of several GB.
-	$(PY) -m pip install --quiet -e '.[dev,test,torch]' 'torch==$(TORCH_VERSION)'
+	$(PY) -m pip install --quiet -e '.[dev,test,torch,tls]' 'torch==$(TORCH_VERSION)'
 	touch $(STAMP)
 
 # Installs the Debian packages when missing and running as root; otherwise says how.
@@ -48,9 +48,10 @@ test: setup
 
 # Fault injection (not part of `test`; several minutes): 50 kill -9 runs, every kind of
 # mismatched call, 12,000 fuzz inputs beside a live job, a 100,000-call soak, SIGINT runs,
-# 20 launcher runs with a rank killed, 20 kill -9 in a row in one elastic job, and (root)
-# an elastic job across 4 namespace hosts on a 3-member etcd: 3 etcd members lost alone,
-# 20 hosts killed whole and 10 cut off then killed, each replaced, then the quorum lost.
+# 20 launcher runs with a rank killed, 20 kill -9 in a row in one elastic job, the attack
+# suite (tests/security) three times over with floods of 2,000 connections, and (root) an
+# elastic job across 4 namespace hosts on a 3-member etcd: 3 etcd members lost alone, 20
+# hosts killed whole and 10 cut off then killed, each replaced, then the quorum lost.
 faults: setup
 	$(PY) tools/faults.py
 
@@ -87,12 +88,15 @@ bench: setup
 
 # pycollective beside torch's gloo and OpenMPI (mpi4py) in the same ranks, one run: all_reduce
 # 4 B..64 MiB, broadcast/all_gather/reduce_scatter 64 MiB, TCP only, 4 ranks on 2 cores.
-# Prints markdown tables (the README's), writes benchmarks/results/compare_peers.{json,md}.
+# Prints markdown tables (the README's), writes benchmarks/results/compare_peers.{json,md};
+# then TLS against plain TCP in the same ranks, on loopback and across two namespace hosts
+# (benchmarks/results/tls_cost.json, docs/security.md).
 # Installs OpenMPI (apt-get) and mpi4py (pip) when missing and run as root.
 COMPARE_ARGS ?=
 compare: setup
 	$(PY) benchmarks/compare_peers.py $(COMPARE_ARGS) --json benchmarks/results/compare_peers.json \
 		--markdown benchmarks/results/compare_peers.md
+	$(PY) benchmarks/tls_cost.py --json benchmarks/results/tls_cost.json
 
 # All-reduce and a parameter server across 2, 3 and 4 network-namespace hosts with 1 Gbit/s
 # links (tbf both ways), against the cost model: benchmarks/results/multihost.json and

@@ -23,3 +23,19 @@ def _flight_dumps_in_a_temporary_dir(tmp_path_factory):
         yield
     finally:
         os.environ.pop("PYCOLLECTIVE_FLIGHT_DIR", None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _per_user_key_in_a_temporary_home(tmp_path_factory):
+    """The per-user key file (pycollective._keys, made on first use) goes under pytest's
+    temporary directory rather than this user's ~/.config: ranks the tests start find
+    each other with no step, exactly as a user's jobs do, and the suite leaves nothing
+    behind in the home directory."""
+    if os.environ.get("XDG_CONFIG_HOME"):
+        yield
+        return
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config"))
+    try:
+        yield
+    finally:
+        os.environ.pop("XDG_CONFIG_HOME", None)

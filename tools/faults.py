@@ -5,10 +5,11 @@ Prints what it found and writes it as JSON.
 
     python tools/faults.py [--kills 50] [--fuzz-examples 2000] [--soak-small 100000]
                            [--soak-large 1000] [--launcher-runs 20] [--elastic-kills 20]
+                           [--attack-rounds 3] [--attack-flood 2000]
                            [--host-kills 20] [--host-cuts 10] [--member-losses 3]
                            [--per-host 2,1,2,1]
                            [--only kill,mismatch,fuzz,soak,sigint,overhead,launcher,elastic,
-                                   hosts]
+                                   attacks,hosts]
 
 Exit status 0 only if every check passed.
 """
@@ -193,6 +194,27 @@ def fuzz(examples: int) -> dict:
         "rss_growth_bytes": data.get("rss_growth_bytes"),
         "pytest": proc.stdout[-3000:] if proc.returncode else tail,
     }
+
+
+# ---------------------------------------------------------------------- attacks
+
+
+def attacks(rounds: int, flood: int) -> dict:
+    """The attack suite (tests/security) `rounds` times over, its floods `flood` strong."""
+    env = dict(os.environ, PYCOLLECTIVE_ATTACK_FLOOD=str(flood))
+    runs = []
+    for i in range(rounds):
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout",
+             "900", "tests/security"],
+            cwd=REPO, env=env, capture_output=True, text=True,
+        )  # fmt: skip
+        tail = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
+        log(f"  attacks {i + 1}/{rounds}: {tail} in {time.monotonic() - t0:.0f} s")
+        runs.append({"ok": proc.returncode == 0, "summary": tail,
+                     "failures": proc.stdout[-3000:] if proc.returncode else ""})  # fmt: skip
+    return {"rounds": rounds, "flood": flood, "ok": all(r["ok"] for r in runs), "runs": runs}
 
 
 # ---------------------------------------------------------------------- soak
@@ -458,12 +480,15 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=20261130)
     ap.add_argument("--launcher-runs", type=int, default=20)
     ap.add_argument("--elastic-kills", type=int, default=20)
+    ap.add_argument("--attack-rounds", type=int, default=3)
+    ap.add_argument("--attack-flood", type=int, default=2000)
     ap.add_argument("--host-kills", type=int, default=20)
     ap.add_argument("--host-cuts", type=int, default=10)
     ap.add_argument("--member-losses", type=int, default=3)
     ap.add_argument("--per-host", default="2,1,2,1", help="members on each of the hosts")
     ap.add_argument(
-        "--only", default="kill,mismatch,fuzz,soak,sigint,overhead,launcher,elastic,hosts"
+        "--only",
+        default="kill,mismatch,fuzz,soak,sigint,overhead,launcher,elastic,attacks,hosts",
     )
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "faults.json"))
     args = ap.parse_args()
@@ -502,6 +527,10 @@ def main() -> int:
         log(f"elastic: {args.elastic_kills} kills in a row")
         e = summary["elastic"] = elastic_kills(args.elastic_kills, args.seed)
         ok &= e["ok"]
+    if "attacks" in only:
+        log(f"attack suite: {args.attack_rounds} rounds, floods of {args.attack_flood}")
+        a = summary["attacks"] = attacks(args.attack_rounds, args.attack_flood)
+        ok &= a["ok"]
     if "hosts" in only:
         per_host = [int(x) for x in args.per_host.split(",")]
         log(f"hosts: {args.member_losses} etcd members alone, {args.host_kills} hosts killed, "
@@ -544,6 +573,11 @@ def main() -> int:
     if "launcher" in summary:
         lr = summary["launcher"]
         log(f"launcher: {lr['runs']} kill runs, every survivor spoke: failed {lr['failed_runs']}")
+    if "attacks" in summary:
+        a = summary["attacks"]
+        log(
+            f"attacks: {a['rounds']} rounds of tests/security, floods of {a['flood']}: ok={a['ok']}"
+        )
     if "elastic" in summary:
         e = summary["elastic"]
         log(

@@ -98,7 +98,7 @@ SWITCH = _choice(
     "1", "0", aliases={"on": "1", "yes": "1", "true": "1", "off": "0", "no": "0", "false": "0"}
 )
 TRANSPORTS = _choice("auto", "tcp", "shm")
-SERIALIZERS = _choice("pickle", "safe")
+SERIALIZERS = _choice("auto", "pickle", "safe")
 CALIBRATE = _choice(
     "1",
     "0",
@@ -166,13 +166,75 @@ def _vars() -> tuple[Var, ...]:
             "PYCOLLECTIVE_SECRET",
             NAME,
             None,
-            "The job's shared secret for the HMAC handshake (pycollective run makes one).",
+            "The job's key that every connection proves (surrounding whitespace ignored; "
+            "pycollective run makes one per single-host job). Default: the per-user key "
+            "file, $XDG_CONFIG_HOME/pycollective/secret (docs/security.md).",
         ),
         Var(
             "PYCOLLECTIVE_SECRET_FILE",
             PATH,
             None,
-            "A file holding the shared secret (instead of PYCOLLECTIVE_SECRET).",
+            "A file holding the job's key instead (this user's, mode 0600, as ssh demands).",
+        ),
+        Var(
+            "PYCOLLECTIVE_INSECURE",
+            SWITCH,
+            "0",
+            "1: authenticate nobody (an empty key; anyone who reaches a port may join) and "
+            "refuse pickles from peers. For debugging only; warned about on every rank.",
+        ),
+        Var(
+            "PYCOLLECTIVE_TLS",
+            SWITCH,
+            "0",
+            "1: every store and transport connection runs TLS 1.3 with mutual certificates "
+            "(a per-job CA derived from the job's key unless PYCOLLECTIVE_TLS_CERT is given).",
+        ),
+        Var(
+            "PYCOLLECTIVE_TLS_CERT",
+            PATH,
+            None,
+            "A site's PEM certificate (and chain) for TLS; turns TLS on.",
+        ),
+        Var(
+            "PYCOLLECTIVE_TLS_KEY",
+            PATH,
+            None,
+            "The private key of PYCOLLECTIVE_TLS_CERT (mode 0600), unless in the same file.",
+        ),
+        Var(
+            "PYCOLLECTIVE_TLS_CA",
+            PATH,
+            None,
+            "PEM certificates that peers' TLS certificates must chain to.",
+        ),
+        Var(
+            "PYCOLLECTIVE_BIND_ADDRESSES",
+            SWITCH,
+            "1",
+            "0: handshakes accepted here do not name the connection's addresses, for NAT or "
+            "a proxy between ranks (a relay is then not told from a translation: use TLS).",
+        ),
+        Var(
+            "PYCOLLECTIVE_MAX_EARLY_BYTES",
+            BYTES,
+            2 << 30,
+            "Bytes a rank keeps of messages that came before their receive was posted; a "
+            "peer sending more loses its connection with an error naming this variable.",
+        ),
+        Var(
+            "PYCOLLECTIVE_MAX_OBJECT_BYTES",
+            BYTES,
+            4 << 30,
+            "Largest serialized object an object collective or elastic state transfer "
+            "accepts from a peer.",
+        ),
+        Var(
+            "PYCOLLECTIVE_STORE_MAX_BYTES",
+            BYTES,
+            1 << 30,
+            "Bytes of keys and values a TCP store server holds at most (a set beyond it "
+            "fails with StoreError).",
         ),
         Var(
             "PYCOLLECTIVE_STORE",
@@ -271,9 +333,10 @@ def _vars() -> tuple[Var, ...]:
         Var(
             "PYCOLLECTIVE_OBJECT_SERIALIZER",
             SERIALIZERS,
-            "pickle",
-            "How object collectives encode: pickle (as torch), or safe (no pickle; refuses "
-            "pickled payloads).",
+            "auto",
+            "auto: object collectives pickle, as torch's (only with authenticated peers), "
+            "the library's own transfers (elastic state, parameter-server set-up) never do; "
+            "pickle: both may; safe: nothing is pickled and pickled payloads are refused.",
         ),
         Var(
             "PYCOLLECTIVE_SHM_SLOT_BYTES",
@@ -388,6 +451,13 @@ def _vars() -> tuple[Var, ...]:
             "tests",
         ),
         Var("PYCOLLECTIVE_TEST_JOB", NAME, None, "Tags the test suite's jobs.", "tests"),
+        Var(
+            "PYCOLLECTIVE_ATTACK_FLOOD",
+            POSITIVE,
+            None,
+            "Half-open connections the attack tests' floods hold (tests/security; make faults).",
+            "tests",
+        ),
     ]
     return tuple(user + algos + launcher + tests)
 

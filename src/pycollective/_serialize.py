@@ -1,13 +1,17 @@
-"""How object collectives turn Python objects into bytes: pickle, or a pickle-free format.
+"""How objects travel between ranks as bytes: pickle, or a pickle-free format.
 
-Pickle (torch's choice, the default) can carry any object, but unpickling runs code the
-sender chose. Peers are authenticated, so only ranks of the job can send those bytes; a
-job that does not want to trust even them sets
+Pickle (torch's choice for its object collectives) can carry any object, but unpickling
+runs code the sender chose. So pickles are read only where the user chose them and only
+from peers that proved the job's key (never with PYCOLLECTIVE_INSECURE=1):
 
-    PYCOLLECTIVE_OBJECT_SERIALIZER=safe      (or calls pycollective._serialize.use("safe"))
+    PYCOLLECTIVE_OBJECT_SERIALIZER=auto     (default) object collectives pickle, as torch's;
+                                            the library's own transfers (elastic state, the
+                                            parameter server's set-up) use the safe format
+    PYCOLLECTIVE_OBJECT_SERIALIZER=pickle   both may pickle (a state with objects of your own)
+    PYCOLLECTIVE_OBJECT_SERIALIZER=safe     nothing is pickled; pickled payloads are refused
 
-and then only a fixed set of plain types travels, and a rank in safe mode refuses pickled
-payloads outright. The safe format:
+(or `pycollective._serialize.use(name)`). Callers say which kind of transfer it is with
+`allow_pickle(internal=...)`. The safe format carries a fixed set of plain types:
 
     b"PCS1" value
     value = tag:1 byte, then per tag:
@@ -17,9 +21,11 @@ payloads outright. The safe format:
       s / b / B  len:u32 bytes   str (UTF-8) / bytes / bytearray
       l / t / S / z  n:u32 n*value       list / tuple / set / frozenset
       d  n:u32 n*(value value)   dict
+      o  n:u32 n*(value value) value     OrderedDict, then its _metadata (torch's state_dict) or N
       a  dtype value(str) ndim:u8 shape:ndim*u64 data   numpy array (plain dtypes only)
       g  dtype value(str) data   numpy scalar
-      x  like a                  torch tensor (CPU), rebuilt with torch if it is importable
+      x  like a                  torch tensor (CPU) of a plain dtype, rebuilt with torch
+      X  dtype value(str) ndim:u8 shape:ndim*u64 data   torch tensor of any dtype (bfloat16...)
 
 Decoding checks every length against what is left of the payload and bounds the nesting,
 so a malformed payload is an error, never a huge allocation or a crash.
@@ -27,6 +33,7 @@ so a malformed payload is an error, never a huge allocation or a crash.
 
 from __future__ import annotations
 
+import collections
 import pickle
 import struct
 from typing import Any
@@ -44,7 +51,7 @@ _U64 = struct.Struct("<Q")
 _F64 = struct.Struct("<d")
 _C128 = struct.Struct("<dd")
 _PLAIN_KINDS = frozenset("biufc")  # no object, void/structured or datetime dtypes
-NAMES = ("pickle", "safe")
+NAMES = ("auto", "pickle", "safe")
 
 _chosen: str | None = None
 
@@ -61,12 +68,24 @@ def chosen() -> str:
     return _chosen or _config.get("PYCOLLECTIVE_OBJECT_SERIALIZER")
 
 
+def allow_pickle(internal: bool = False, authenticated: bool = True) -> bool:
+    """Whether a transfer may pickle: object collectives (`internal` False) unless the
+    serializer is "safe", the library's own transfers only under "pickle", and never with
+    peers that proved nothing (`authenticated` False: PYCOLLECTIVE_INSECURE=1)."""
+    mode = chosen()
+    if not authenticated or mode == "safe":
+        return False
+    return mode == "pickle" or not internal
+
+
 # ---------------------------------------------------------------------- encoding
 
 
-def dumps(obj: Any) -> bytes:
-    """`obj` as bytes, with the chosen serializer."""
-    if chosen() == "pickle":
+def dumps(obj: Any, pickling: bool | None = None) -> bytes:
+    """`obj` as bytes: pickled when `pickling` (None: allow_pickle()), else the safe format."""
+    if pickling is None:
+        pickling = allow_pickle()
+    if pickling:
         return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     out = bytearray(MAGIC)
     _encode(obj, out, 0)
@@ -108,11 +127,15 @@ def _encode(obj: Any, out: bytearray, depth: int) -> None:
         out += tag + _U32.pack(len(obj))
         for item in obj:
             _encode(item, out, depth + 1)
-    elif t is dict:
-        out += b"d" + _U32.pack(len(obj))
+    elif t is dict or t is collections.OrderedDict:
+        out += (b"d" if t is dict else b"o") + _U32.pack(len(obj))
         for k, v in obj.items():
             _encode(k, out, depth + 1)
             _encode(v, out, depth + 1)
+        if t is collections.OrderedDict:  # torch's state_dict keeps versions here
+            meta = getattr(obj, "_metadata", None)
+            plain = type(meta) in (dict, collections.OrderedDict)
+            _encode(meta if plain else None, out, depth + 1)
     elif isinstance(obj, np.ndarray):
         _encode_array(b"a", obj, out)
     elif isinstance(obj, np.generic):
@@ -121,8 +144,7 @@ def _encode(obj: Any, out: bytearray, depth: int) -> None:
         _encode(name, out, depth + 1)
         out += obj.tobytes()
     elif _is_torch_tensor(obj):
-        # a copy: numpy() of the caller's own tensor would mark its storage non-resizable
-        _encode_array(b"x", obj.detach().cpu().clone().numpy(), out)
+        _encode_tensor(obj, out)
     else:
         raise UsageError(
             f"the pickle-free object serializer cannot carry {t.__name__} objects "
@@ -142,6 +164,23 @@ def _encode_array(tag: bytes, arr: np.ndarray, out: bytearray) -> None:
     for d in arr.shape:
         out += _U64.pack(d)
     out += np.ascontiguousarray(arr).tobytes()
+
+
+def _encode_tensor(t: Any, out: bytearray) -> None:
+    """A CPU tensor of any dtype as its raw bytes (bfloat16 and friends have no numpy twin)."""
+    flat = t.detach().cpu().contiguous()
+    if flat.ndim > 32:
+        raise UsageError("tensors of more than 32 dimensions are not supported")
+    name = str(flat.dtype)  # "torch.float32"
+    out += b"X"
+    _encode(name, out, 0)
+    out += bytes([flat.ndim])
+    for d in flat.shape:
+        out += _U64.pack(d)
+    if flat.numel():
+        import torch  # present: `t` is one of its tensors
+
+        out += flat.reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
 def _is_torch_tensor(obj: Any) -> bool:
@@ -180,8 +219,9 @@ class _Reader:
         return n
 
 
-def loads(data: bytes, sender: int | None = None) -> Any:
-    """Bytes from a peer back into an object. Pickled bytes are refused in safe mode."""
+def loads(data: bytes, sender: int | None = None, pickling: bool | None = None) -> Any:
+    """Bytes from a peer back into an object. Pickled bytes are read only when `pickling`
+    (None: allow_pickle()); otherwise they are refused, naming the sender."""
     if data[: len(MAGIC)] == MAGIC:
         r = _Reader(bytes(data))
         r.take(len(MAGIC))
@@ -189,13 +229,21 @@ def loads(data: bytes, sender: int | None = None) -> Any:
         if r.pos != len(r.data):
             raise CollectiveError("malformed object payload: trailing bytes")
         return obj
-    if chosen() == "safe":
+    if pickling is None:
+        pickling = allow_pickle()
+    if not pickling:
         who = f"rank {sender}" if sender is not None else "a peer"
+        if chosen() == "safe":
+            raise MismatchError(
+                f"{who} sent a pickled object, but this rank accepts only the pickle-free "
+                "serializer (PYCOLLECTIVE_OBJECT_SERIALIZER=safe here; set it on every rank)"
+            )
         raise MismatchError(
-            f"{who} sent a pickled object, but this rank accepts only the pickle-free "
-            "serializer (PYCOLLECTIVE_OBJECT_SERIALIZER=safe here; set it on every rank)"
+            f"{who} sent a pickled object where this rank reads only the pickle-free format "
+            "(the library's own transfers pickle only with PYCOLLECTIVE_OBJECT_SERIALIZER="
+            "pickle on every rank, and nothing is unpickled from unauthenticated peers)"
         )
-    return pickle.loads(data)  # noqa: S301 - authenticated peers only; see the module doc
+    return pickle.loads(data)  # noqa: S301 - chosen, and from a peer that proved the key
 
 
 def _decode(r: _Reader, depth: int) -> Any:
@@ -232,16 +280,24 @@ def _decode(r: _Reader, depth: int) -> Any:
             return {b"l": list, b"t": tuple, b"S": set, b"z": frozenset}[tag](items)
         except TypeError:
             raise CollectiveError("malformed object payload: unhashable set item") from None
-    if tag == b"d":
+    if tag in (b"d", b"o"):
         n = r.count(2)
-        out = {}
+        out: dict[Any, Any] = {} if tag == b"d" else collections.OrderedDict()
         for _ in range(n):
             k = _decode(r, depth + 1)
             try:
                 out[k] = _decode(r, depth + 1)
             except TypeError:
                 raise CollectiveError("malformed object payload: unhashable key") from None
+        if tag == b"o":
+            meta = _decode(r, depth + 1)
+            if meta is not None:
+                if type(meta) not in (dict, collections.OrderedDict):
+                    raise CollectiveError("malformed object payload: bad OrderedDict metadata")
+                out._metadata = meta  # type: ignore[attr-defined]
         return out
+    if tag == b"X":
+        return _decode_tensor(r)
     if tag in (b"a", b"x"):
         return _decode_array(r, tag == b"x")
     if tag == b"g":
@@ -261,6 +317,35 @@ def _decode_dtype(r: _Reader) -> np.dtype:
     if dt.kind not in _PLAIN_KINDS:
         raise CollectiveError(f"malformed object payload: dtype {dt} is not allowed")
     return dt
+
+
+def _decode_tensor(r: _Reader) -> Any:
+    if r.take(1) != b"s":
+        raise CollectiveError("malformed object payload: tensor dtype name expected")
+    name = r.take(r.u32()).decode("ascii", "replace")
+    ndim = r.take(1)[0]
+    if ndim > 32:
+        raise CollectiveError("malformed object payload: too many dimensions")
+    shape = tuple(_U64.unpack(r.take(8))[0] for _ in range(ndim))
+    try:
+        import torch
+    except ImportError:
+        raise CollectiveError(
+            f"a peer sent a torch tensor ({name}) and torch is not installed here"
+        ) from None
+    dtype = getattr(torch, name.removeprefix("torch."), None) if name.startswith("torch.") else None
+    if not isinstance(dtype, torch.dtype):
+        raise CollectiveError(f"malformed object payload: bad tensor dtype {name[:40]!r}")
+    n = 1
+    for d in shape:
+        n *= d
+    nbytes = n * dtype.itemsize
+    if nbytes > len(r.data) - r.pos:  # judged before anything is allocated
+        raise CollectiveError("malformed object payload: tensor larger than the payload")
+    if not n:
+        return torch.empty(shape, dtype=dtype)
+    raw = torch.frombuffer(bytearray(r.take(nbytes)), dtype=torch.uint8)
+    return raw.view(dtype).reshape(shape)
 
 
 def _decode_array(r: _Reader, as_torch: bool) -> Any:

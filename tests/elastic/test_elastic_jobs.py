@@ -78,7 +78,7 @@ def test_the_member_that_started_the_store_is_lost_and_the_job_goes_on():
     job = Job(3, launcher=False, env={"EL_STEPS": "1000000", "EL_STORE_IDLE": "2"})
     try:
         assert job.wait(lambda j: j.stepping(3), 90), job.stderr
-        store = TCPStore("127.0.0.1", job.port, b"", timeout=5)
+        store = TCPStore("127.0.0.1", job.port, None, timeout=5)
         spawner = int(store.get("elastic/job/store-started-by"))
         store.close()
         assert len(_one_storehost(job.port)) == 1

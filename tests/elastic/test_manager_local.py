@@ -13,8 +13,8 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture
 def store():
-    server = TCPStoreServer("127.0.0.1", 0, b"").start()
-    client = TCPStore("127.0.0.1", server.port, b"", timeout=10)
+    server = TCPStoreServer("127.0.0.1", 0).start()
+    client = TCPStore("127.0.0.1", server.port, None, timeout=10)
     yield client
     client.close()
     server.close()

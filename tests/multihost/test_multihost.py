@@ -283,5 +283,5 @@ def test_a_node_with_another_secret_is_refused_and_the_job_fails(hosts, env):
     assert "looping" not in results[0].stdout + results[1].stdout, detail
     # Node 1's ranks are refused by node 0's store; node 0's ranks wait for them in vain.
     assert "AuthenticationError" in results[1].stderr, detail
-    assert "wrong secret" in results[1].stderr, detail
+    assert "key differs" in results[1].stderr and "PYCOLLECTIVE_SECRET" in results[1].stderr, detail
     assert re.search(r"CollectiveTimeout|StoreError|timed out", results[0].stderr), detail

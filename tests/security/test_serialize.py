@@ -85,13 +85,66 @@ def test_safe_mode_refuses_pickles_naming_the_sender(safe) -> None:
         _serialize.loads(pickle.dumps({"x": 1}), sender=3)
 
 
-def test_pickle_mode_reads_both_formats() -> None:
-    assert _serialize.chosen() == "pickle"
+def test_auto_mode_reads_both_formats_for_object_collectives() -> None:
+    assert _serialize.chosen() == "auto"
     assert _serialize.loads(pickle.dumps([1, "a"])) == [1, "a"]
     _serialize.use("safe")
     data = _serialize.dumps([1, "a"])
     _serialize.use(None)
     assert _serialize.loads(data) == [1, "a"]
+
+
+@pytest.mark.parametrize(
+    "mode, internal, authenticated, allowed",
+    [
+        ("auto", False, True, True),  # object collectives pickle, as torch's
+        ("auto", True, True, False),  # the library's own transfers never do
+        ("pickle", True, True, True),  # unless the job chose pickle
+        ("pickle", False, False, False),  # and never from peers that proved nothing
+        ("auto", False, False, False),
+        ("safe", False, True, False),
+        ("safe", True, True, False),
+    ],
+)
+def test_who_may_pickle(mode, internal, authenticated, allowed) -> None:
+    """Finding 2 of the security review: elastic state went through pickle.loads whatever
+    the setting. Now one rule decides for every transfer."""
+    _serialize.use(mode)
+    try:
+        assert _serialize.allow_pickle(internal, authenticated) is allowed
+        payload = pickle.dumps({"x": 1})
+        if allowed:
+            assert _serialize.loads(payload, 2, _serialize.allow_pickle(internal, authenticated))
+        else:
+            with pytest.raises(MismatchError, match="rank 2 sent a pickled object"):
+                _serialize.loads(payload, 2, _serialize.allow_pickle(internal, authenticated))
+    finally:
+        _serialize.use(None)
+
+
+def test_a_torch_state_dict_travels_without_pickle() -> None:
+    """What elastic training sends a replacement: a model's and an optimizer's state_dict
+    (an OrderedDict with torch's version metadata, bfloat16 and 0-d tensors)."""
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(5, 3)).sum().backward()
+    opt.step()
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "extra": [torch.ones(2, dtype=torch.bfloat16), torch.tensor(3.0), torch.empty(0, 2)],
+    }
+    back = _serialize.loads(_serialize.dumps(state, pickling=False), pickling=False)
+    assert back["model"]._metadata == state["model"]._metadata
+    twin = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    twin.load_state_dict(back["model"])
+    torch.optim.Adam(twin.parameters()).load_state_dict(back["optimizer"])
+    for a, b in zip(state["model"].values(), twin.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    bf, zero_d, empty = back["extra"]
+    assert bf.dtype == torch.bfloat16 and torch.equal(bf, state["extra"][0])
+    assert zero_d.shape == () and empty.shape == (0, 2)
 
 
 def test_bad_choice_is_a_usage_error(monkeypatch) -> None:
@@ -143,8 +196,8 @@ def _results(results):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("serializer", ["pickle", "safe"])
-def test_object_collectives_work_with_either_serializer(serializer: str) -> None:
+@pytest.mark.parametrize("serializer", ["auto", "pickle", "safe"])
+def test_object_collectives_work_with_every_serializer(serializer: str) -> None:
     results = run_ranks(
         WORKER, 3, ("roundtrip",), env={"PYCOLLECTIVE_OBJECT_SERIALIZER": serializer}
     )

@@ -21,7 +21,7 @@ import uuid
 import pytest
 from tests._etcd import EtcdCluster, make_certs
 
-from pycollective import _errors
+from pycollective import _errors, _keys
 from pycollective.store import EtcdStore, StoreError, _signed
 from pycollective.store import _etcd_client as client
 from pycollective.store.etcd import parse_url
@@ -88,7 +88,8 @@ def test_forged_unsigned_moved_and_foreign_values_are_errors_naming_the_key(etcd
             store.get("copy")
         # signed with another secret, on this job's lease
         name = store.full_key("theirs").encode()
-        theirs = _signed.seal(_signed.derive_key(b"another"), name, b"v", int(good["lease"]))
+        key = _signed.derive_key(_keys.as_key(b"another"))
+        theirs = _signed.seal(key, name, b"v", int(good["lease"]))
         _raw(etcd, "kv/put", {"key": _b64(name), "value": _b64(theirs), "lease": good["lease"]})
         with pytest.raises(StoreError, match="'theirs' fails its signature"):
             store.get("theirs")

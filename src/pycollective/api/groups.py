@@ -10,8 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .. import _config, _launch_env, _log, schedule
-from .._auth import secret_from_env
+from .. import _auth, _config, _launch_env, _log, schedule
 from .._errors import StoreError, UsageError
 from ..core import rendezvous
 from ..core.group import ProcessGroup, group_id_for
@@ -116,6 +115,7 @@ def init_process_group(
             ", several hosts" if env.multi_node else "",
         )  # fmt: skip
         the_store = None
+        creds = _auth.credentials() if world_size > 1 else None
         if world_size > 1:
             the_store = (
                 store
@@ -125,7 +125,7 @@ def init_process_group(
                     env,
                     rank,
                     world_size,
-                    secret_from_env(),
+                    creds,
                     seconds,
                     env.multi_node,
                 )
@@ -142,6 +142,7 @@ def init_process_group(
                 f"pycollective/{DEFAULT.generation}",
                 master_addr=master_addr,
                 multi_node=multi_node,
+                creds=creds,
             )
         except BaseException:
             _close_store(the_store)

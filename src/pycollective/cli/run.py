@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import BinaryIO
 
+from .. import _auth, _config
 from .._errors import CollectiveError, UsageError
 from ..observe import diagnose
 from ..observe import timeline as _timeline
@@ -163,6 +164,7 @@ def launch(
     notice: float = 2.0,
     max_restarts: int = 0,
     elastic: tuple[int, int] | None = None,
+    tls: bool = False,
     etcd: tuple[str, str] | None = None,
     etcd_env: Mapping[str, str] | None = None,
 ) -> int:
@@ -188,6 +190,10 @@ def launch(
 
     Returns 0 if every rank exited 0; otherwise the first failing rank's exit status
     (128 + N if it died of signal N), or 128 + N if the launcher itself got signal N.
+    Every connection of the job proves the job's key: on one node a key made for this job
+    (unless PYCOLLECTIVE_SECRET or PYCOLLECTIVE_SECRET_FILE names one), on several nodes
+    the user's (the per-user key file of a shared home, or one of those variables on every
+    node). With `tls`, the job's connections also run TLS 1.3 (PYCOLLECTIVE_TLS=1).
     `env` replaces os.environ as the base of the ranks' environment; `stdout`/`stderr`
     are binary streams (default: the launcher's own). SIGINT/SIGTERM are forwarded only
     when called from the main thread (where Python lets us catch them).
@@ -229,51 +235,52 @@ def launch(
     bind = "" if nnodes > 1 else (master_addr or "127.0.0.1")
     master_addr = master_addr or "127.0.0.1"
 
-    secret_vars: dict[str, str] = {}
-    if base_env.get("PYCOLLECTIVE_SECRET"):
-        secret = base_env["PYCOLLECTIVE_SECRET"].encode()
-    elif base_env.get("PYCOLLECTIVE_SECRET_FILE"):
-        # The ranks read the same file themselves (pycollective._auth.secret_from_env).
-        with open(base_env["PYCOLLECTIVE_SECRET_FILE"], "rb") as f:
-            secret = f.read().strip()
-    elif nnodes == 1:
-        secret_vars["PYCOLLECTIVE_SECRET"] = secrets.token_hex(32)
-        secret = secret_vars["PYCOLLECTIVE_SECRET"].encode()
-    else:
-        # Each node's launcher would invent a different secret; only the user can share one.
-        logger.warning("multi-node job without PYCOLLECTIVE_SECRET: ranks are not authenticated")
-        secret = b""
+    # What the ranks' environment gets besides torchrun's contract.
+    job_vars: dict[str, str] = {}
+    if tls:
+        job_vars["PYCOLLECTIVE_TLS"] = "1"
+    if (
+        nnodes == 1
+        and not _config.is_set("PYCOLLECTIVE_SECRET", base_env)
+        and not _config.is_set("PYCOLLECTIVE_SECRET_FILE", base_env)
+        and _config.get("PYCOLLECTIVE_INSECURE", base_env) != "1"
+    ):
+        # One node: a key of this job's own, which no other job of this user shares. Nodes
+        # cannot agree on an invented one: there the ranks (and this launcher) read the
+        # user's (the per-user key file of a shared home, or what the user set).
+        job_vars["PYCOLLECTIVE_SECRET"] = secrets.token_hex(32)
+    creds = _auth.credentials(None, {**base_env, **job_vars})
 
     server: TCPStoreServer | None = None
     if etcd is not None:
         # The ranks meet in etcd; MASTER_ADDR only tells them which interface to listen
         # on (the one towards the first endpoint).
         endpoints, job = etcd
-        first = parse_endpoints(endpoints)[0]
-        master_addr, master_port = first.host, first.port
-        tls = any(e.scheme == "https" for e in parse_endpoints(endpoints)) or bool(
+        parsed = parse_endpoints(endpoints)
+        master_addr, master_port = parsed[0].host, parsed[0].port
+        etcd_tls = any(e.scheme == "https" for e in parsed) or bool(
             (etcd_env or {}).get("PYCOLLECTIVE_ETCD_CACERT"))  # fmt: skip
-        hosts = ",".join(str(e) for e in parse_endpoints(endpoints))
-        secret_vars["PYCOLLECTIVE_STORE"] = f"{'etcds' if tls else 'etcd'}://{hosts}/{job}"
-        secret_vars.update(etcd_env or {})
+        hosts = ",".join(str(e) for e in parsed)
+        job_vars["PYCOLLECTIVE_STORE"] = f"{'etcds' if etcd_tls else 'etcd'}://{hosts}/{job}"
+        job_vars.update(etcd_env or {})
     elif node_rank == 0:
-        server = TCPStoreServer(bind, master_port, secret).start()
+        server = TCPStoreServer(bind, master_port, creds).start()
         master_port = server.port
     # Flight-recorder dumps of this job go to a directory of its own (unless the user
     # chose one), so that a failure can be diagnosed from exactly this job's files.
     flight_dir = None
     if not base_env.get("PYCOLLECTIVE_FLIGHT_DIR"):
         flight_dir = tempfile.mkdtemp(prefix="pycollective-flight-")
-        secret_vars["PYCOLLECTIVE_FLIGHT_DIR"] = flight_dir
+        job_vars["PYCOLLECTIVE_FLIGHT_DIR"] = flight_dir
     omp, note = rank_environment(base_env, nprocs + servers)
-    secret_vars.update(omp)
+    job_vars.update(omp)
     if note:
         err.write(b"", note.encode())
-    secret_vars.setdefault("PYCOLLECTIVE_JOB_ID", f"{os.getpid()}-{secrets.token_hex(4)}")
+    job_vars.setdefault("PYCOLLECTIVE_JOB_ID", f"{os.getpid()}-{secrets.token_hex(4)}")
     try:
         status = _run(
             nprocs, command, nnodes, node_rank, master_addr, master_port,
-            prefix, grace, base_env, secret_vars, out, err, servers,
+            prefix, grace, base_env, job_vars, out, err, servers,
             notice, max_restarts, elastic, etcd is not None,
         )  # fmt: skip
     finally:
@@ -287,7 +294,7 @@ def launch(
     )
     if base_env.get("PYCOLLECTIVE_TIMELINE", "").strip() and nnodes == 1:
         _merge_timeline(
-            base_env["PYCOLLECTIVE_TIMELINE"].strip(), secret_vars["PYCOLLECTIVE_JOB_ID"], err
+            base_env["PYCOLLECTIVE_TIMELINE"].strip(), job_vars["PYCOLLECTIVE_JOB_ID"], err
         )
     return status
 
@@ -515,7 +522,7 @@ def _run(
     prefix: bool,
     grace: float,
     base_env: dict[str, str],
-    secret_vars: dict[str, str],
+    job_vars: dict[str, str],
     out: _Output,
     err: _Output,
     servers: int = 0,
@@ -538,7 +545,7 @@ def _run(
 
     def spawn(rank: int, local_rank: int) -> _Rank:
         child_env = dict(base_env)
-        child_env.update(secret_vars)
+        child_env.update(job_vars)
         if servers:
             child_env.update(
                 PYCOLLECTIVE_NUM_SERVERS=str(servers),
@@ -733,6 +740,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "while MIN ranks run; members may be MAX at most",
     )  # fmt: skip
     parser.add_argument(
+        "--tls", action="store_true",
+        help="encrypt and integrity-check every connection of the job with TLS 1.3 "
+        "(PYCOLLECTIVE_TLS=1; certificates from a per-job CA derived from the job's key, or "
+        "PYCOLLECTIVE_TLS_CERT/KEY/CA)",
+    )  # fmt: skip
+    parser.add_argument(
         "--no-prefix", dest="prefix", action="store_false",
         help='do not prefix output lines with "[rank N]: "',
     )  # fmt: skip
@@ -874,6 +887,7 @@ def resolve_options(args: argparse.Namespace) -> dict:
         notice=args.notice,
         max_restarts=args.max_restarts,
         elastic=args.elastic,
+        tls=args.tls,
     )
 
 

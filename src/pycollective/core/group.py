@@ -55,6 +55,10 @@ class ProcessGroup:
         self.timeout = world.timeout if timeout is None else timeout
         self._rank = self.ranks.index(world.rank) if world.rank in self.ranks else -1
         self._seq = 0
+        # Object collectives run so far (api/objects.py): their payloads' MACs name the
+        # call, so a payload of one cannot pass for another's.
+        self.object_calls = 0
+        self.object_pairs: dict[int, int] = {}  # the same, point to point, by peer
         self._failed: CollectiveError | None = None
         self._peers = tuple(r for r in self.ranks if r != world.rank)
         # The runners that serve this group (runners/), set up at its first collective,

@@ -8,13 +8,11 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .. import _config, _launch_env, _netutil, runners
+from .. import _auth, _config, _launch_env, _netutil, runners
 from .. import store as store_mod
-from .._auth import secret_from_env
 from .._errors import CollectiveTimeout, StoreError, UsageError
 from ..store.etcd import parse_url as parse_etcd_url
 from ..transport.tcp import connect_mesh
@@ -66,19 +64,21 @@ def make_store(
     env: _launch_env.LaunchEnv,
     rank: int,
     world_size: int,
-    secret: bytes,
+    creds: _auth.Credentials,
     timeout: float,
     multi_node: bool,
 ):
     """The rendezvous store, hosting it here when this is rank 0 and nobody else does (the
-    store returned then closes the server too when it is closed)."""
+    store returned then closes the server too when it is closed). Our TCP stores take
+    `creds` (the job's key, TLS); torchrun's store is torch's and authenticates nobody,
+    so what ranks read from it only points them at peers who must then prove the key."""
 
     if init_method and init_method.startswith("file://"):
         return store_mod.FileStore(init_method[len("file://") :], timeout=timeout)
     etcd_url = etcd_url_of(init_method)
     if etcd_url is not None:
         hosts, job = parse_etcd_url(etcd_url)
-        store = store_mod.EtcdStore(hosts, job, secret, timeout=timeout)
+        store = store_mod.EtcdStore(hosts, job, creds.key, timeout=timeout)
         attempt = _config.get("PYCOLLECTIVE_RESTART_COUNT")
         # a restarted attempt (pycollective run --max-restarts) meets under keys of its own
         return JobStore(f"attempt{attempt}", store) if attempt else store
@@ -117,7 +117,7 @@ def make_store(
         return TorchStoreAdapter(tstore, prefix, where)
     if store_host == "rank0" and rank == 0:
         bind = "127.0.0.1" if _netutil.is_loopback(host) and not multi_node else ""
-        server = store_mod.TCPStoreServer(bind, port, secret=secret)
+        server = store_mod.TCPStoreServer(bind, port, secret=creds)
         try:
             server.start()
         except StoreError as exc:
@@ -127,9 +127,9 @@ def make_store(
                 f"{exc} (port {port} was derived from the {env.launcher} job id; another "
                 "program holds it: export MASTER_PORT=<free port> to every rank)"
             ) from exc
-        client = store_mod.TCPStore(host, port, secret=secret, timeout=timeout)
+        client = store_mod.TCPStore(host, port, secret=creds, timeout=timeout)
         return JobStore(prefix, client, server)
-    client = store_mod.TCPStore(host, port, secret=secret, timeout=timeout)
+    client = store_mod.TCPStore(host, port, secret=creds, timeout=timeout)
     return JobStore(prefix, client) if prefix else client
 
 
@@ -173,6 +173,10 @@ class JobStore:
     def get(self, key: str, timeout: float | None = None) -> bytes:
         return self._store.get(self._prefix + key, timeout)
 
+    def refusals(self) -> list[str]:
+        """Why the server this rank hosts refused connections lately (none if it hosts none)."""
+        return list(self._server.refused) if self._server is not None else []
+
     def close(self) -> None:
         try:
             self._store.close()
@@ -192,6 +196,7 @@ def connect_world(
     master_addr: str | None = None,
     multi_node: bool = False,
     abort: Callable[[], str | None] | None = None,
+    creds: _auth.Credentials | None = None,
 ) -> World:
     """Connect this rank to every other rank of a job and return the World, without
     touching the default group: the torch backend and the parameter server build their own.
@@ -199,28 +204,34 @@ def connect_world(
     `store` has set(key, bytes) and get(key, timeout=None) (ours, or a torch store wrapped
     in _TorchStoreAdapter); addresses go under `prefix`, which must be unique per world
     sharing that store. Every rank calls this with the same size and prefix. `abort`
-    (see connect_mesh) may end the wait for peers early.
+    (see connect_mesh) may end the wait for peers early. `creds`: what the connections
+    prove (None: the job's key and TLS settings from the environment).
     """
     check_environment()
     transport = None
     job = None
+    if creds is None:
+        creds = _auth.credentials()
     if size > 1:
-        secret = secret_from_env()
         bind, advertise = _netutil.listen_address(master_addr or "127.0.0.1", multi_node)
-        _warn_if_open(bind, secret)
         t0 = time.monotonic()
         try:
             transport = connect_mesh(
-                rank, size, store, prefix, secret, bind, advertise, timeout, abort
+                rank, size, store, prefix, creds, bind, advertise, timeout, abort
             )
         except (CollectiveTimeout, StoreError) as exc:
             if isinstance(exc, CollectiveTimeout) or "timed out" in str(exc):
                 _config.with_timeout_hint(exc, timeout)
+                # A rank whose key differs was refused by the store this rank hosts: say so.
+                refused = store.refusals() if hasattr(store, "refusals") else []
+                if refused:
+                    exc.args = (f"{exc}; the store refused meanwhile: {'; '.join(refused[-3:])}",)
             raise
         log.info(
-            "rank %d: TCP mesh of %d ranks up in %.3f s (listening on %s, advertised as %s%s)",
-            rank, size, time.monotonic() - t0, bind, advertise,
-            "" if secret else "; peers not authenticated: no PYCOLLECTIVE_SECRET",
+            "rank %d: TCP mesh of %d ranks up in %.3f s (listening on %s, advertised as %s; "
+            "key %s from %s%s)",
+            rank, size, time.monotonic() - t0, bind, advertise, creds.key.fingerprint,
+            creds.key.source, ", TLS 1.3" if creds.tls is not None else "",
         )  # fmt: skip
     if size > 1:  # every rank prices `auto` with rank 0's cost parameters
         try:
@@ -228,7 +239,7 @@ def connect_world(
         except BaseException:
             transport.close()
             raise
-    world = World(rank, size, transport, store, timeout, tuning=_tuning.Tuning(job))
+    world = World(rank, size, transport, store, timeout, tuning=_tuning.Tuning(job), key=creds.key)
     world.engine.set_p2p_runner(lambda batch: run_batch(world, batch))
     world.group_counts[tuple(range(size))] = 1
     return world
@@ -252,12 +263,3 @@ def check_environment() -> None:
     """Every PYCOLLECTIVE_* variable checked before a rank joins (_config.py), algorithm
     names against what the runners know."""
     _config.check_environment(algorithms={c: runners.known(c) for c in _config.COLLECTIVES})
-
-
-def _warn_if_open(bind: str, secret: bytes) -> None:
-    if not secret and not _netutil.is_loopback(bind) and _config.first_time("unauthenticated"):
-        warnings.warn(
-            "pycollective listens beyond loopback without a shared secret: peers are not "
-            "authenticated. Set PYCOLLECTIVE_SECRET (or start with `pycollective run`).",
-            stacklevel=4,
-        )

@@ -10,6 +10,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._keys import JobKey
 from ..observe import timeline as _timeline
 from ..observe.flight import FlightRecorder
 from ..runners.executor import ScratchPool
@@ -38,6 +39,9 @@ class World:
     owns_store: bool = True
     flight: FlightRecorder | None = None  # made in __post_init__ (needs rank and size)
     tuning: Tuning = field(default_factory=Tuning)  # what `auto` prices with (tuning/)
+    # The job's key (what every connection proved), for what peers send above the
+    # connections: object payloads carry a MAC under a key derived from it (api/objects).
+    key: JobKey | None = None
 
     def __post_init__(self) -> None:
         if self.flight is None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pickle
 import socket
 import subprocess
 import sys
@@ -35,12 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import _config, _launch_env, _netutil
-from .._auth import secret_from_env
+from .. import _auth, _config, _launch_env, _netutil
 from .._errors import CollectiveError, StoreError, UsageError
 from .._reduce_ops import ReduceOp
 from ..api import collectives as _coll
-from ..api import p2p as _p2p
+from ..api import objects as _objects
 from ..core import rendezvous
 from ..core.group import ProcessGroup
 from ..core.world import World
@@ -231,7 +229,6 @@ class Manager:
         self._owns_store = store is None
         self._store_idle = store_idle
         self._lease_store: TCPStore | None = None
-        self._closed_peers: list[str] = []  # uids whose connections closed (see _reconfigure)
         self._store = store if store is not None else self._connect_store(env)
         try:
             if isinstance(self._store, EtcdStore):
@@ -453,7 +450,7 @@ class Manager:
     def _connect_store(self, env: _launch_env.LaunchEnv) -> TCPStore | EtcdStore:
         if self._etcd_url is not None:
             hosts, job = rendezvous.parse_etcd_url(self._etcd_url)
-            return EtcdStore(hosts, job, secret_from_env(), timeout=self.timeout,
+            return EtcdStore(hosts, job, None, timeout=self.timeout,
                              connect_timeout=self.setup_timeout)  # fmt: skip
         host, port = env.master_addr, env.master_port
         if host is None or port is None:
@@ -461,7 +458,7 @@ class Manager:
                 "an elastic job needs its store: start it with `pycollective run --elastic "
                 "MIN:MAX`, or set MASTER_ADDR and MASTER_PORT on every member"
             )
-        secret = secret_from_env()
+        secret = _auth.credentials()  # the job's key (and TLS) for every connection
         if env.store_host == "launcher" or not _is_local(host):
             return TCPStore(host, port, secret, timeout=self.timeout,
                             connect_timeout=self.setup_timeout)  # fmt: skip
@@ -858,19 +855,14 @@ class Manager:
         if decision.behind:
             donor = uids.index(decision.donor)
             behind = [uids.index(u) for u in decision.behind]
+            # Sealed with the job's key, sized and bounded (api/objects.py); pickled only
+            # with PYCOLLECTIVE_OBJECT_SERIALIZER=pickle, else the pickle-free format.
             if rank == donor:
-                payload = pickle.dumps(self._full_state(), protocol=pickle.HIGHEST_PROTOCOL)
-                data = np.frombuffer(payload, np.uint8).copy()
-                length = np.array([data.size], np.int64)
+                state = self._full_state()
                 for b in behind:
-                    _p2p.send(length, dst=b, group=group)
-                    _p2p.send(data, dst=b, group=group)
+                    _objects.send_object(state, b, group, internal=True)
             elif rank in behind:
-                length = np.zeros(1, np.int64)
-                _p2p.recv(length, src=donor, group=group)
-                data = np.empty(int(length[0]), np.uint8)
-                _p2p.recv(data, src=donor, group=group)
-                self._apply_state(pickle.loads(data.tobytes()))
+                self._apply_state(_objects.recv_object(donor, group, internal=True))
                 received = True
         self._round, self._members, self._fresh = t, uids, False
         if isinstance(self._store, EtcdStore):

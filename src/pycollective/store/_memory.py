@@ -26,13 +26,40 @@ class StoreClosed(Exception):
 class KVTable:
     """A dict guarded by one Condition; every mutation wakes the waiters.
 
-    Keys are bytes so that the server never has to decode what a peer sent.
+    Keys are bytes so that the server never has to decode what a peer sent. With
+    `max_bytes`, the keys and values held stay within it: a set that would pass it raises
+    StoreError (a peer cannot fill the server's memory).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int | None = None) -> None:
         self._data: dict[bytes, bytes] = {}
         self._cond = threading.Condition()
         self._closed = False
+        self._max_bytes = max_bytes
+        self._bytes = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of keys and values held."""
+        return self._bytes
+
+    def _put(self, key: bytes, value: bytes) -> None:
+        old = self._data.get(key)
+        grow = len(value) - (len(old) if old is not None else -len(key))
+        if self._max_bytes is not None and grow > 0 and self._bytes + grow > self._max_bytes:
+            raise StoreError(
+                f"the store holds {self._bytes} bytes; setting {len(value)} bytes under "
+                f"{key[:64]!r} would pass its limit of {self._max_bytes} "
+                "(PYCOLLECTIVE_STORE_MAX_BYTES)"
+            )
+        self._data[key] = value
+        self._bytes += grow
+
+    def _drop(self, key: bytes) -> bytes | None:
+        old = self._data.pop(key, None)
+        if old is not None:
+            self._bytes -= len(key) + len(old)
+        return old
 
     def close(self) -> None:
         with self._cond:
@@ -41,7 +68,7 @@ class KVTable:
 
     def set(self, key: bytes, value: bytes) -> None:
         with self._cond:
-            self._data[key] = value
+            self._put(key, value)
             self._cond.notify_all()
 
     def wait(
@@ -88,7 +115,7 @@ class KVTable:
     def add(self, key: bytes, amount: int) -> int:
         with self._cond:
             new = add_to_counter(self._data.get(key), key.decode("utf-8", "replace"), amount)
-            self._data[key] = str(new).encode("ascii")
+            self._put(key, str(new).encode("ascii"))
             self._cond.notify_all()
             return new
 
@@ -96,7 +123,7 @@ class KVTable:
         with self._cond:
             result, store = compare_set_result(self._data.get(key), expected, desired)
             if store:
-                self._data[key] = desired
+                self._put(key, desired)
                 self._cond.notify_all()
             return result
 
@@ -106,7 +133,7 @@ class KVTable:
 
     def delete(self, key: bytes) -> bool:
         with self._cond:
-            return self._data.pop(key, None) is not None
+            return self._drop(key) is not None
 
     def delete_if(self, key: bytes, value: bytes) -> bool:
         """Delete `key` only if it still holds `value` (an expiring lease must not remove
@@ -114,7 +141,7 @@ class KVTable:
         with self._cond:
             if self._data.get(key) != value:
                 return False
-            del self._data[key]
+            self._drop(key)
             self._cond.notify_all()
             return True
 
@@ -125,6 +152,7 @@ class KVTable:
     def clear(self) -> None:
         with self._cond:
             self._data.clear()
+            self._bytes = 0
             self._cond.notify_all()
 
 

@@ -3,7 +3,7 @@ authenticate (etcd: anyone who reaches an etcd without auth of its own can write
 
     envelope = MAGIC(4) nonce(8) tag(32) value
     tag      = HMAC-SHA256(K, DOMAIN | lease:u64 | nonce | len(key):u32 | key | value)
-    K        = HMAC-SHA256(secret, b"pycollective etcd store v1")
+    K        = the job's key derived for this use (JobKey.derive(b"etcd store values"))
 
 The tag covers the key's name (a value cannot be moved to another key), the etcd lease the
 value is attached to (so a value of an earlier incarnation of the job, whose lease has
@@ -22,6 +22,7 @@ import os
 import struct
 
 from .._errors import StoreError
+from .._keys import JobKey
 
 MAGIC = b"pcs1"
 NONCE_BYTES = 8
@@ -36,8 +37,10 @@ class ForgedValue(StoreError):
     """A value that does not carry a valid tag under the job's secret."""
 
 
-def derive_key(secret: bytes) -> bytes:
-    return hmac.new(secret, b"pycollective etcd store v1", hashlib.sha256).digest()
+def derive_key(key: JobKey) -> bytes:
+    """The signing key: the job's key derived for this use alone (the handshake's and the
+    object seals' are other derivations of it)."""
+    return key.derive(b"etcd store values")
 
 
 def _tag(key: bytes, name: bytes, value: bytes, lease: int, nonce: bytes) -> bytes:

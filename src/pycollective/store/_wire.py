@@ -67,13 +67,19 @@ class PeerClosed(Exception):
     """The peer closed the connection (cleanly, between frames or mid-frame)."""
 
 
+_FIRST_BYTES = 1 << 20  # a payload's buffer starts this big and doubles as bytes come
+
+
 def recv_exact(sock: socket.socket, n: int) -> bytearray:
-    """Read exactly n bytes (the caller has already bounded n)."""
-    buf = bytearray(n)
-    view = memoryview(buf)
+    """Read exactly n bytes (the caller has already bounded n). The buffer grows as the
+    bytes arrive, so a peer that announces a large payload and sends little costs little."""
+    buf = bytearray(min(n, _FIRST_BYTES))
     got = 0
     while got < n:
-        k = sock.recv_into(view[got:], n - got)
+        if got == len(buf):
+            buf.extend(bytes(min(len(buf), n - len(buf))))
+        with memoryview(buf) as view, view[got:] as rest:
+            k = sock.recv_into(rest)
         if k == 0:
             raise PeerClosed
         got += k

@@ -36,8 +36,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from .. import _config
-from .._auth import secret_from_env
+from .. import _config, _keys
 from .._errors import StoreError, UsageError
 from . import _signed
 from ._base import (
@@ -86,7 +85,7 @@ class EtcdStore(Store):
         self,
         endpoints: str | Sequence[str],
         job: str = "default",
-        secret: bytes | str | None = None,
+        secret: bytes | str | _keys.JobKey | None = None,
         timeout: Timeout = 300.0,
         connect_timeout: Timeout = None,
         *,
@@ -101,13 +100,9 @@ class EtcdStore(Store):
         self._auth = auth if auth is not None else auth_from_env()
         self.endpoints: list[Endpoint] = parse_endpoints(endpoints, tls=self._auth.tls)
         self.job = job.strip("/")
-        if isinstance(secret, str):
-            secret = secret.encode()
-        self._secret = secret_from_env() if secret is None else bytes(secret)
-        if not self._secret and _config.first_time("etcd-unsigned"):
-            logger.warning("EtcdStore without a job secret: values are signed with an empty "
-                           "key, so anyone who can write to etcd can forge them")  # fmt: skip
-        self._mac_key = _signed.derive_key(self._secret)
+        # the job's key (None: PYCOLLECTIVE_SECRET, _SECRET_FILE or the per-user key file);
+        # values are signed with a key derived from it for this use alone
+        self._mac_key = _signed.derive_key(_keys.as_key(secret, "the etcd store's secret"))
         self._root = f"{ROOT}/{self.job}/".encode()
         self._user = self._root + b"k/"
         self._incarnation = self._root + b"m/incarnation"

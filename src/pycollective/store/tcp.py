@@ -9,7 +9,6 @@ on a peer (handshakes run in the connection's thread, bounded by a timeout).
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import selectors
 import socket
@@ -18,8 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from .. import _config
-from .._auth import accept_handshake, connect_handshake, secret_from_env
+from .. import _auth, _config
 from .._errors import AuthenticationError, StoreError, UsageError
 from .._netutil import connect_with_retry
 from ._base import Store, Timeout, check_keys, encode_key, encode_value, timeout_error, to_seconds
@@ -46,34 +44,11 @@ PURPOSE = b"store"
 _IO_MARGIN = 30.0
 
 
-def _as_secret(secret: bytes | str | None) -> bytes:
-    if secret is None:
-        return secret_from_env()
-    return secret.encode() if isinstance(secret, str) else bytes(secret)
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _warn_unauthenticated(where: str) -> None:
-    if _config.first_time("store-unauthenticated"):
-        logger.warning(
-            "store at %s listens beyond loopback with no shared secret: peers are not "
-            "authenticated (set PYCOLLECTIVE_SECRET on every host)",
-            where,
-        )
-
-
 def _peer_gone(conn: socket.socket) -> bool:
-    """True if the client hung up (checked without consuming anything it sent)."""
+    """True if the client hung up (checked without consuming anything it sent: on the raw
+    socket, under TLS too)."""
     try:
-        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        return socket.socket.recv(conn, 1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
     except BlockingIOError:
         return False
     except OSError:
@@ -83,27 +58,36 @@ def _peer_gone(conn: socket.socket) -> bool:
 class TCPStoreServer:
     """Hosts a store on (host, port) from a daemon thread. port=0 picks a free port.
 
-    `secret=None` reads the job's secret from the environment (PYCOLLECTIVE_SECRET or
-    PYCOLLECTIVE_SECRET_FILE), so a server and its clients agree by default.
+    Every client proves the job's key first (_auth.py): `secret=None` is the job's key
+    (PYCOLLECTIVE_SECRET, PYCOLLECTIVE_SECRET_FILE or the per-user key file), so a server
+    and its clients agree by default. Connections still in the handshake take slots of a
+    HandshakeGate, not of `max_connections` (a flood of half-open ones cannot lock clients
+    out); the keys and values held stay within `max_bytes`
+    (PYCOLLECTIVE_STORE_MAX_BYTES by default).
     """
 
     def __init__(
         self,
         host: str = "127.0.0.1",
         port: int = 0,
-        secret: bytes | str | None = None,
+        secret: bytes | str | _auth.Credentials | None = None,
         *,
         handshake_timeout: float = 10.0,
         max_connections: int = 8192,
+        max_bytes: int | None = None,
     ) -> None:
         self._host = host
         self._port = port
-        self._secret = _as_secret(secret)
+        self._creds = secret if isinstance(secret, _auth.Credentials) else _auth.credentials(secret)
         self._handshake_timeout = handshake_timeout
         self._max_connections = max_connections
-        self._table = KVTable()
+        limit = max_bytes if max_bytes is not None else _config.get("PYCOLLECTIVE_STORE_MAX_BYTES")
+        self._table = KVTable(limit)
+        self._gate = _auth.HandshakeGate()
         self._lock = threading.Lock()
         self._conns: dict[socket.socket, threading.Thread] = {}
+        self._authenticated = 0
+        self.refused: list[str] = []  # why recent handshakes failed (the last 16), for timeouts
         self._listener: socket.socket | None = None
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
@@ -150,8 +134,6 @@ class TCPStoreServer:
         self._listener = listener
         bound = listener.getsockname()
         self._port = bound[1]
-        if not self._secret and not _is_loopback(bound[0]):
-            _warn_unauthenticated(f"{bound[0]}:{self._port}")
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(
             target=self._accept_loop, name=f"pycollective-store-{self._port}", daemon=True
@@ -222,8 +204,7 @@ class TCPStoreServer:
 
     def _admit(self, conn: socket.socket, addr: object) -> None:
         with self._lock:
-            if self._closed or len(self._conns) >= self._max_connections:
-                logger.warning("store refused connection from %s: too many connections", addr)
+            if self._closed:
                 conn.close()
                 return
             thread = threading.Thread(
@@ -232,15 +213,38 @@ class TCPStoreServer:
             self._conns[conn] = thread
         thread.start()
 
+    def _authenticate(self, conn: socket.socket, addr: object) -> socket.socket | None:
+        """The handshake, in a slot of the gate; the socket to serve, or None."""
+        slot = self._gate.enter(conn, _auth.source_of(addr))
+        try:
+            with self._lock:
+                full = self._authenticated >= self._max_connections
+            if full:
+                logger.warning("store refused connection from %s: too many connections", addr)
+                conn.sendall(_auth.busy_hello())
+                return None
+            sock = _auth.accept_handshake(conn, self._creds, PURPOSE, self._handshake_timeout)
+        except (AuthenticationError, OSError) as exc:
+            if not self._closed:
+                logger.warning("store refused connection from %s: %s", addr, exc)
+                self.refused = [*self.refused[-15:], f"{_auth.source_of(addr)}: {exc}"]
+            return None
+        finally:
+            self._gate.leave(slot)
+        with self._lock:
+            self._authenticated += 1
+            if sock is not conn:  # TLS: close() must reach the wrapped socket
+                self._conns[sock] = self._conns.pop(conn)
+        return sock
+
     def _serve(self, conn: socket.socket, addr: object) -> None:
         leases: dict[bytes, bytes] = {}  # keys this connection holds (Op.SET_LEASE)
+        authed = False
         try:
-            try:
-                accept_handshake(conn, self._secret, PURPOSE, self._handshake_timeout)
-            except AuthenticationError as exc:
-                if not self._closed:
-                    logger.warning("store refused connection from %s: %s", addr, exc)
+            sock = self._authenticate(conn, addr)
+            if sock is None:
                 return
+            conn, authed = sock, True
             conn.settimeout(None)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             while not self._closed:
@@ -252,12 +256,12 @@ class TCPStoreServer:
                 except ProtocolError as exc:
                     logger.warning("store closed connection from %s: bad frame: %s", addr, exc)
                     return
-                if op is Op.SET_LEASE:
-                    leases[args[0]] = args[1]
                 try:
                     status, payload = self._execute(op, args, timeout, lambda: _peer_gone(conn))
                 except StoreClosed:
                     return
+                if op is Op.SET_LEASE and status is Status.OK:
+                    leases[args[0]] = args[1]
                 conn.sendall(encode_response(status, payload))
         except OSError as exc:
             if not self._closed:
@@ -270,13 +274,18 @@ class TCPStoreServer:
                 self._table.delete_if(key, value)  # unless someone set it since
             with self._lock:
                 self._conns.pop(conn, None)
+                if authed:
+                    self._authenticated -= 1
 
     def _execute(
         self, op: Op, args: list[bytes], timeout: float | None, abandoned: Callable[[], bool]
     ) -> tuple[Status, bytes]:
         table = self._table
         if op in (Op.SET, Op.SET_LEASE):
-            table.set(args[0], args[1])
+            try:
+                table.set(args[0], args[1])
+            except StoreError as exc:
+                return Status.ERROR, str(exc).encode()
             return Status.OK, b""
         if op is Op.GET:
             value = table.get(args[0], timeout, abandoned)
@@ -293,7 +302,10 @@ class TCPStoreServer:
             except StoreError as exc:
                 return Status.ERROR, str(exc).encode()
         if op is Op.COMPARE_SET:
-            return Status.OK, table.compare_set(args[0], args[1], args[2])
+            try:
+                return Status.OK, table.compare_set(args[0], args[1], args[2])
+            except StoreError as exc:
+                return Status.ERROR, str(exc).encode()
         if op is Op.WAIT:
             missing = table.wait(args, timeout, abandoned)
             return (Status.TIMEOUT, pack_args(missing)) if missing else (Status.OK, b"")
@@ -310,15 +322,17 @@ class TCPStore(Store):
     """A client of a TCPStoreServer; with is_master=True it also hosts the server.
 
     Connects with retries until the server is up (bounded by `connect_timeout`, which
-    defaults to `timeout`), then proves the shared secret. `secret=None` reads it from the
-    environment. Safe to share between threads: requests are serialized on one connection.
+    defaults to `timeout`), then proves the job's key (`secret=None`: the job's key, see
+    TCPStoreServer), retrying while the server is busy. Safe to share between threads:
+    requests are serialized on one connection. With is_master=True the server listens on
+    `host` itself (a loopback address keeps it off the network).
     """
 
     def __init__(
         self,
         host: str = "127.0.0.1",
         port: int = 0,
-        secret: bytes | str | None = None,
+        secret: bytes | str | _auth.Credentials | None = None,
         timeout: Timeout = 300.0,
         connect_timeout: Timeout = None,
         *,
@@ -326,11 +340,11 @@ class TCPStore(Store):
     ) -> None:
         super().__init__(timeout)
         self._host = host
-        self._secret = _as_secret(secret)
+        self._creds = secret if isinstance(secret, _auth.Credentials) else _auth.credentials(secret)
         self._server: TCPStoreServer | None = None
         if is_master:
-            bind = host if _is_loopback(host) else ""
-            self._server = TCPStoreServer(bind, port, self._secret).start()
+            bind = "" if host in ("", "0.0.0.0", "::") else host
+            self._server = TCPStoreServer(bind, port, self._creds).start()
             port = self._server.port
         elif not 0 < port < 65536:
             raise UsageError(f"store port must be in 1..65535, got {port}")
@@ -374,25 +388,26 @@ class TCPStore(Store):
         return f"the store at {self._host}:{self._port}"
 
     def _connect(self, budget: float | None) -> socket.socket:
-        deadline = None if budget is None else time.monotonic() + budget
-        try:  # refused, unreachable, unresolvable yet: the server may be starting up
-            sock = connect_with_retry(self._host, self._port, deadline, attempt_timeout=10.0)
-        except OSError as exc:
-            raise StoreError(
-                f"could not connect to {self._where()} within {budget:g} s: {exc}"
-            ) from None
-        try:
+        deadline = float("inf") if budget is None else time.monotonic() + budget
+
+        def dial(seconds: float) -> socket.socket:
+            # refused, unreachable, unresolvable yet: the server may be starting up
+            until = None if budget is None else time.monotonic() + seconds
+            try:
+                sock = connect_with_retry(self._host, self._port, until, attempt_timeout=10.0)
+            except OSError as exc:
+                raise StoreError(
+                    f"could not connect to {self._where()} within {budget:g} s: {exc}"
+                ) from None
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            remaining = None if deadline is None else deadline - time.monotonic()
-            handshake = 30.0 if remaining is None else min(30.0, max(remaining, 5.0))
-            connect_handshake(sock, self._secret, PURPOSE, handshake)
+            return sock
+
+        try:
+            return _auth.connect_retrying(
+                dial, self._creds, PURPOSE, deadline, self._where(), min_handshake=5.0
+            )
         except AuthenticationError as exc:
-            sock.close()
             raise AuthenticationError(f"{self._where()} refused us: {exc}") from None
-        except BaseException:
-            sock.close()
-            raise
-        return sock
 
     def _request(
         self, op: Op, args: list[bytes], timeout: float | None = None

@@ -21,7 +21,6 @@ from urllib.parse import parse_qs, urlparse
 import torch.distributed as tdist
 
 from .. import store as _store
-from .._auth import secret_from_env
 from .._errors import StoreError
 
 # The module, not the function torch.distributed re-exports under the same name.
@@ -92,7 +91,7 @@ def launcher_store(timeout: datetime.timedelta) -> TorchStore:
     """A torch Store on the store `pycollective run` hosts for this job."""
     addr = os.environ["MASTER_ADDR"]
     port = int(os.environ["MASTER_PORT"])
-    client = _store.TCPStore(addr, port, secret_from_env(), timeout.total_seconds())
+    client = _store.TCPStore(addr, port, None, timeout.total_seconds())  # the job's key
     store = TorchStore(client, timeout)
     _alive.append(store)
     return store

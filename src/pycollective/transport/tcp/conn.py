@@ -6,6 +6,7 @@ from __future__ import annotations
 import select
 import selectors
 import socket
+import ssl
 from collections import deque
 from typing import Any
 
@@ -39,6 +40,8 @@ class Conn:
         "writing",
         "lost",
         "last",
+        "tls",
+        "write_pending",
     )
 
     def __init__(self, peer: int, sock: socket.socket) -> None:
@@ -63,6 +66,12 @@ class Conn:
         self.writing = False
         self.lost: str | None = None
         self.last: Header | None = None  # the last frame header read: what the peer was doing
+        # TLS (an ssl.SSLSocket): no sendmsg, reads return a record at a time and may leave
+        # decrypted bytes inside the SSL object that the poller cannot see (pending()), and
+        # a write the socket had no room for must be retried with the same bytes before any
+        # other write (write_pending).
+        self.tls = isinstance(sock, ssl.SSLSocket)
+        self.write_pending = False
 
 
 class Poller:

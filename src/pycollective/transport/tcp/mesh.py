@@ -1,5 +1,7 @@
-"""Building the mesh: every pair of ranks connects once, authenticated (_auth.py), with
-addresses exchanged through the rendezvous store."""
+"""Building the mesh: every pair of ranks connects once, authenticated (_auth.py: the job's
+key, bound to the connection, in TLS when asked), with addresses exchanged through the
+rendezvous store. A store we do not authenticate (torchrun's) can at worst point a rank at
+a wrong address: the handshake then fails, nobody gets in."""
 
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ def connect_mesh(
     size: int,
     store,
     prefix: str,
-    secret: bytes,
+    creds: _auth.Credentials,
     bind_host: str,
     advertise_host: str,
     timeout: float,
@@ -64,7 +66,9 @@ def connect_mesh(
 
     Addresses are exchanged through the rendezvous store. Rank i only dials ranks that are
     already listening, and every rank listens before it dials, so this cannot deadlock.
-    A connection that fails the handshake is logged and dropped; the mesh goes on.
+    A dial whose handshake the peer refused for now (busy, evicted by a flood) is tried
+    again until the deadline; one whose key differs fails at once. A connection that fails
+    the handshake on the accepting side is logged and dropped; the mesh goes on.
     `abort`, if given, is asked while waiting for peers: a reason it returns ends the
     set-up at once with TransportError (pycollective.elastic: a member's lease ended).
     """
@@ -74,21 +78,32 @@ def connect_mesh(
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((bind_host, 0))
-        listener.listen(max(16, size))
+        listener.listen(max(64, size))
         port = listener.getsockname()[1]
         store.set(f"{prefix}/tcp/{rank}", f"{advertise_host}:{port}".encode())
         for peer in range(rank):
             addr = store.get(f"{prefix}/tcp/{peer}").decode()
             host, _, peer_port = addr.rpartition(":")
-            sock = _connect_with_retry(host, int(peer_port), deadline, abort)
             try:
-                _auth.connect_handshake(
-                    sock, secret, _PURPOSE, timeout=max(0.1, deadline - time.monotonic())
-                )
+                port_number = int(peer_port)
+            except ValueError:
+                raise TransportError(
+                    f"rank {rank} found no usable address for rank {peer} in the store "
+                    f"({addr[:80]!r})",
+                    peer,
+                ) from None
+
+            def dial(seconds: float, host: str = host, port: int = port_number) -> socket.socket:
+                return _connect_with_retry(host, port, time.monotonic() + seconds, abort)
+
+            try:
+                sock = _auth.connect_retrying(
+                    dial, creds, _PURPOSE, deadline, f"rank {peer} at {addr}",
+                    abort=lambda: _check(abort),
+                )  # fmt: skip
                 sock.settimeout(max(0.1, deadline - time.monotonic()))
                 sock.sendall(_HELLO.pack(b"HELO", rank, size))
             except (AuthenticationError, OSError) as exc:
-                sock.close()
                 raise TransportError(
                     f"rank {rank} could not join rank {peer} at {addr}: {exc}", peer
                 ) from None
@@ -96,7 +111,7 @@ def connect_mesh(
             conns[peer] = sock
         expected = set(range(rank + 1, size))
         if expected:
-            _accept_all(listener, rank, size, secret, expected, deadline, conns, abort)
+            _accept_all(listener, rank, size, creds, expected, deadline, conns, abort)
     except BaseException:
         for sock in conns.values():
             sock.close()
@@ -106,7 +121,6 @@ def connect_mesh(
     return TCPTransport(rank, size, conns)
 
 
-_MAX_HANDSHAKES = 64  # connections authenticating at once; more are refused outright
 _ACCEPT_POLL = 0.05  # seconds between looks at finished handshakes
 
 
@@ -114,23 +128,29 @@ def _accept_all(
     listener: socket.socket,
     rank: int,
     size: int,
-    secret: bytes,
+    creds: _auth.Credentials,
     expected: set[int],
     deadline: float,
     conns: dict[int, socket.socket],
     abort: Abort = None,
 ) -> None:
     """Accept until every rank in `expected` has joined, authenticating each incoming
-    connection on its own short-lived thread, so a client that connects and then says
-    nothing (or dribbles) cannot hold up the real ranks: it times out on its own."""
+    connection on its own short-lived thread in a slot of a HandshakeGate, so a client that
+    connects and then says nothing (or dribbles, or floods) cannot hold up the real ranks:
+    it times out on its own or newer connections push it out."""
     results: queue.SimpleQueue[tuple[socket.socket, int | None]] = queue.SimpleQueue()
     lock = threading.Lock()
-    state = {"open": True, "running": 0}
+    state = {"open": True}
+    gate = _auth.HandshakeGate()
+    refused: list[str] = []
 
-    def handshake(sock: socket.socket, addr: tuple) -> None:
-        peer = _accept_peer(sock, addr, rank, size, secret, deadline)
+    def handshake(raw: socket.socket, addr: tuple) -> None:
+        slot = gate.enter(raw, _auth.source_of(addr))
+        try:
+            sock, peer = _accept_peer(raw, addr, rank, size, creds, deadline, refused)
+        finally:
+            gate.leave(slot)
         with lock:
-            state["running"] -= 1
             if state["open"]:
                 results.put((sock, peer))
                 return
@@ -159,8 +179,9 @@ def _accept_all(
             _check(abort)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                why = f" (refused meanwhile: {'; '.join(refused[-3:])})" if refused else ""
                 raise CollectiveTimeout(
-                    f"rank {rank} timed out waiting for rank(s) {sorted(expected)} to connect",
+                    f"rank {rank} timed out waiting for rank(s) {sorted(expected)} to connect{why}",
                     op="init",
                     waiting_on=sorted(expected),
                 )
@@ -168,18 +189,6 @@ def _accept_all(
             try:
                 sock, addr = listener.accept()
             except (TimeoutError, BlockingIOError, InterruptedError):
-                continue
-            with lock:
-                busy = state["running"] >= _MAX_HANDSHAKES
-                if not busy:
-                    state["running"] += 1
-            if busy:
-                log.warning(
-                    "rank %d refused a connection from %s: too many handshakes in progress",
-                    rank,
-                    addr,
-                )
-                sock.close()
                 continue
             threading.Thread(
                 target=handshake,
@@ -204,13 +213,15 @@ def _accept_peer(
     addr: tuple,
     rank: int,
     size: int,
-    secret: bytes,
+    creds: _auth.Credentials,
     deadline: float,
-) -> int | None:
-    """Authenticate an incoming connection; return its rank, or None (and close it)."""
+    refused: list[str] | None = None,
+) -> tuple[socket.socket, int | None]:
+    """Authenticate an incoming connection: (the socket to use, its rank), or (it, None)
+    once it is refused and closed."""
     try:
-        _auth.accept_handshake(
-            sock, secret, _PURPOSE, timeout=min(5.0, max(0.1, deadline - time.monotonic()))
+        sock = _auth.accept_handshake(
+            sock, creds, _PURPOSE, timeout=min(5.0, max(0.1, deadline - time.monotonic()))
         )
         sock.settimeout(min(5.0, max(0.1, deadline - time.monotonic())))
         data = b""
@@ -222,8 +233,10 @@ def _accept_peer(
         magic, peer, peer_size = _HELLO.unpack(data)
         if magic != b"HELO" or peer_size != size or not rank < peer < size:
             raise AuthenticationError(f"unexpected hello (rank {peer}, world size {peer_size})")
-        return peer
+        return sock, peer
     except (AuthenticationError, OSError) as exc:
         log.warning("rank %d refused a connection from %s: %s", rank, addr, exc)
+        if refused is not None:
+            refused.append(f"{_auth.source_of(addr)}: {exc}")
         sock.close()
-        return None
+        return sock, None

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from ... import _config
 from ..._errors import (
     CollectiveError,
     CollectiveTimeout,
@@ -44,7 +46,10 @@ MAX_FRAME_BYTES = 1 << 40  # a peer's length beyond this is a protocol error, no
 # wait on each other (so no data ever flows to reveal the difference) then find out at
 # once instead of at the timeout. A peer that is merely slow checks it when it gets there.
 PROBE_AFTER = 0.5
-DEFAULT_MAX_UNEXPECTED = 8 << 30  # bytes held for receives not yet posted
+# Messages that come before their receive are kept, up to PYCOLLECTIVE_MAX_EARLY_BYTES
+# in all (counted as the peer announces them); each one's buffer starts at STASH_FIRST
+# bytes and doubles as its bytes arrive, so an announcement alone allocates little.
+STASH_FIRST = 1 << 20
 # A send abandoned mid-frame (the exchange failed) is finished if at most this much is
 # left and it goes within FINISH_SECONDS: the stream stays in step, so the peer then hears
 # the abort notice saying why, instead of a hang-up that looks like this rank crashed.
@@ -56,6 +61,7 @@ SPIN_MIN = 2e-6
 SPIN_RETRY = 64  # exchanges after polling was given up before it is tried again
 CLOSE_LINGER = 0.25  # seconds close() waits for peers to hang up too (see _linger)
 _DIRECT_BYTES = 16 * 1024  # payload left beyond this skips the buffer
+_TLS_JOIN_BYTES = 16 * 1024  # under TLS, payloads up to this share their header's record
 _SINK_BYTES = 1 << 20  # a sink's pieces: cache-sized (L2), a multiple of every item size
 
 SWAP_DONE, SWAP_PENDING, SWAP_DECLINED = 0, 1, -1  # what TCPTransport.swap returns
@@ -105,7 +111,7 @@ class TCPTransport(Transport):
     def __init__(self, rank: int, size: int, conns: dict[int, socket.socket]) -> None:
         self.rank = rank
         self.size = size
-        self.max_unexpected = DEFAULT_MAX_UNEXPECTED
+        self.max_unexpected = int(_config.get("PYCOLLECTIVE_MAX_EARLY_BYTES"))
         self._sel = _Poller()
         self._conns: dict[int, _Conn] = {}
         for peer, sock in conns.items():
@@ -309,6 +315,7 @@ class TCPTransport(Transport):
         conn = self._conns.get(peer)
         return not (
             conn is None
+            or conn.tls  # no sendmsg; records
             or len(self._conns) != 1
             or conn.lost is not None
             or conn.outq
@@ -428,7 +435,7 @@ class TCPTransport(Transport):
                 continue
             # Best effort, and only if no frame is half-sent on this connection (that would
             # interleave bytes); a peer stuck behind a full socket learns by timeout instead.
-            if conn.out_sent:
+            if conn.out_sent or conn.write_pending:
                 continue
             try:
                 n = conn.sock.send(frame)
@@ -819,15 +826,19 @@ class TCPTransport(Transport):
             total = hlen + m.payload.nbytes
             sent = conn.out_sent
             try:
-                if sent < hlen:
+                if conn.tls:
+                    n = self._send_tls(conn, m, sent, hlen)
+                elif sent < hlen:
                     n = sock.sendmsg([conn.out_hdr[sent:], m.payload])
                 else:
                     n = sock.send(m.payload[sent - hlen :])
-            except (BlockingIOError, InterruptedError):
+            except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                conn.write_pending = conn.tls
                 break
             except OSError as exc:
                 self._lose(conn, f"send failed: {exc.strerror or exc}")
                 return
+            conn.write_pending = False
             conn.out_sent = sent + n
             if conn.out_sent < total:
                 break
@@ -838,6 +849,17 @@ class TCPTransport(Transport):
         if want_write != conn.writing:
             self._sel.modify(sock, conn, want_write)
             conn.writing = want_write
+
+    @staticmethod
+    def _send_tls(conn: _Conn, m: OutMessage, sent: int, hlen: int) -> int:
+        """One SSL write of what is left of `m`'s frame. A small frame goes as one record
+        (header and payload together); a large payload as one write of its own, which
+        OpenSSL encrypts into records as the socket takes them."""
+        if sent < hlen:
+            if m.payload.nbytes <= _TLS_JOIN_BYTES:
+                return conn.sock.send(conn.out_hdr[sent:] + m.payload)
+            return conn.sock.send(conn.out_hdr[sent:])
+        return conn.sock.send(m.payload[sent - hlen :])
 
     # ------------------------------------------------------------------ receiving
 
@@ -877,7 +899,7 @@ class TCPTransport(Transport):
                     n = self._recv(conn, view[got:])
                     if n <= 0:
                         return
-                    drained = n < left
+                    drained = n < left and not (conn.tls and conn.sock.pending())
                     self._on_bytes(conn, n)
                     if conn.lost is not None:
                         return
@@ -896,14 +918,17 @@ class TCPTransport(Transport):
             if n <= 0:
                 return
             conn.rend += n
-            drained = n < space
+            # Under TLS a short read is one record: more may be decrypted and waiting.
+            drained = n < space and not (conn.tls and conn.sock.pending())
 
     def _recv(self, conn: _Conn, into: memoryview) -> int:
         """recv_into `into`: bytes read, 0 if none are there yet, -1 if the peer is lost."""
         try:
             n = conn.sock.recv_into(into)
-        except (BlockingIOError, InterruptedError):
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return 0
+        except ssl.SSLZeroReturnError:
+            n = 0  # the peer closed its TLS session
         except OSError as exc:
             self._lose(conn, f"connection error: {exc.strerror or exc}")
             return -1
@@ -930,7 +955,20 @@ class TCPTransport(Transport):
             if target.on_data is not None:
                 target.on_data(conn.got)
         if conn.got == conn.view.nbytes:  # type: ignore[union-attr]
+            if conn.stash is not None and conn.got < conn.cur.nbytes:  # type: ignore[union-attr]
+                self._grow_stash(conn)
+                return
             self._on_payload(conn)
+
+    @staticmethod
+    def _grow_stash(conn: _Conn) -> None:
+        """The early message's buffer is full and more is coming: double it (to its size)."""
+        old = conn.stash
+        assert old is not None and conn.cur is not None  # noqa: S101
+        new = np.empty(min(2 * old.size, conn.cur.nbytes), dtype=np.uint8)
+        new[: old.size] = old
+        conn.stash = new
+        conn.view = memoryview(new).cast("B")
 
     def _on_header(self, conn: _Conn, pos: int) -> None:
         try:
@@ -964,10 +1002,11 @@ class TCPTransport(Transport):
                 self._lose(
                     conn,
                     f"rank {conn.peer} sent {header.nbytes} bytes nobody asked for, beyond "
-                    f"the {self.max_unexpected}-byte bound on early messages",
+                    f"the {self.max_unexpected}-byte bound on early messages "
+                    "(PYCOLLECTIVE_MAX_EARLY_BYTES)",
                 )
                 return
-            conn.stash = np.empty(header.nbytes, dtype=np.uint8)
+            conn.stash = np.empty(min(header.nbytes, STASH_FIRST), dtype=np.uint8)
             conn.view = memoryview(conn.stash).cast("B")
             self._unexpected_bytes += header.nbytes
         if header.nbytes == 0:
