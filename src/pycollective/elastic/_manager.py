@@ -97,6 +97,7 @@ class _WatchedStore:
     def get(self, key: str, timeout: float | None = None) -> bytes:
         end = self._deadline if timeout is None else min(self._deadline, time.monotonic() + timeout)
         while True:
+            since = self._store.revision if isinstance(self._store, EtcdStore) else 0
             if self._store.check([key]):
                 return self._store.get(key)
             gone = []
@@ -109,7 +110,7 @@ class _WatchedStore:
                 raise StoreError(f"timed out waiting for {key!r} while the group formed")
             if isinstance(self._store, EtcdStore):
                 # a watch ends the pause at the key's put or a lease's end: no slices
-                wait_for_change(self._store, self._prefix, left)
+                wait_for_change(self._store, self._prefix, since, left)
                 continue
             try:
                 return self._store.get(key, min(_SLICE, left))
@@ -130,9 +131,11 @@ class _WatchedStore:
         return f"member(s) {', '.join(lost)} left while the group formed" if lost else None
 
 
-def wait_for_change(store: EtcdStore, prefix: str, timeout: float) -> None:
-    """Until a key under `prefix` changes after what this thread last read, or `timeout`."""
-    for _ in store.watch_prefix(prefix, store.revision, time.monotonic() + timeout):
+def wait_for_change(store: EtcdStore, prefix: str, since: int, timeout: float) -> None:
+    """Until a key under `prefix` changes after revision `since`, or `timeout`. `since` is
+    the revision before the caller's first read of what it waits on: a change between two
+    of its reads (after the one that looked, before the last) then still wakes it."""
+    for _ in store.watch_prefix(prefix, since, time.monotonic() + timeout):
         return
 
 
@@ -226,6 +229,7 @@ class Manager:
         self._closed = False
         self._sampler: Any = None
         self._flat: dict[Any, Any] = {}
+        self._formed_at = 0  # etcd: the revision before the last round began to form
         self._owns_store = store is None
         self._store_idle = store_idle
         self._lease_store: TCPStore | None = None
@@ -507,7 +511,7 @@ class Manager:
         others = set(self._members) - {self.uid}
         leases = self._key("lease") + "/"
         joiner = self._key("round", round_ + 1, "n")
-        after = store.revision
+        after = self._formed_at
 
         def watch() -> None:
             nonlocal after
@@ -693,11 +697,12 @@ class Manager:
             return []
         return [uids[r] for r in ranks if 0 <= r < len(uids) and uids[r] != self.uid]
 
-    def _pause(self, decision_key: str) -> None:
-        """Until something changes in the job's keys (etcd: a watch), or a short while."""
+    def _pause(self, decision_key: str, since: int) -> None:
+        """Until something changes in the job's keys after revision `since` (etcd: a
+        watch), or a short while."""
         if isinstance(self._store, EtcdStore):
             try:
-                wait_for_change(self._store, self._prefix + "/", 0.5)
+                wait_for_change(self._store, self._prefix + "/", since, 0.5)
             except StoreError:
                 time.sleep(0.05)  # the next reads say what is wrong
             return
@@ -754,6 +759,7 @@ class Manager:
         # A newcomer waits as long as a step may take; a member, the join timeout.
         wait = self.join_timeout if previous is None or self.uid in previous else self.timeout
         while True:
+            since = self._store.revision if isinstance(self._store, EtcdStore) else 0
             if self._store.check([decision_key]):
                 return Decision.from_json(json.loads(self._store.get(decision_key)))
             may_decide = previous is None or self.uid in previous
@@ -778,7 +784,12 @@ class Manager:
                     held=self._store.check([self._key("held")]),
                 )  # fmt: skip
                 if d is not None:
-                    self._store.compare_set(decision_key, "", json.dumps(d.to_json()))
+                    won = self._store.compare_set(decision_key, "", json.dumps(d.to_json()))
+                    if won == json.dumps(d.to_json()).encode() and not d.failed:
+                        log.info("elastic: round %d decided here, %.3f s after registering: "
+                                 "%d members; gone by lease %s, by closed connections %s",
+                                 t, time.monotonic() - joined_at, len(d.members),
+                                 sorted(dead - accused), sorted(accused))  # fmt: skip
                     continue  # read back whichever decision won
             elif self._finished():
                 raise JobFinished("the elastic job finished before this member could join")
@@ -789,7 +800,7 @@ class Manager:
                 raise ElasticError(f"the elastic job failed: {poison}")
             if time.monotonic() > deadline:
                 raise ElasticError(f"round {t} was not decided in time")
-            self._pause(decision_key)
+            self._pause(decision_key, since)
 
     def _accused(
         self,
@@ -840,6 +851,9 @@ class Manager:
         rank = uids.index(self.uid)
         size = len(uids)
         leases = {u: self._lease_key(u) for u in uids if u != self.uid}
+        # the round's watch (etcd) starts here: a lease that ends while the group forms
+        # is seen by it too, whatever the set-up read after
+        self._formed_at = self._store.revision if isinstance(self._store, EtcdStore) else 0
         store = _WatchedStore(self._store, leases, time.monotonic() + self.setup_timeout,
                               self._prefix + "/")  # fmt: skip
         world = rendezvous.connect_world(

@@ -377,7 +377,7 @@ class EtcdStore(Store):
         seconds = self._resolve(timeout)
         deadline = None if seconds is None else time.monotonic() + seconds
         while True:
-            value, _ = self._range(name)
+            value, _ = self._range(name)  # the one read: watching from its revision is safe
             if value is not None:
                 return value
             for events in self._watch(name, None, self.revision, deadline):
@@ -416,13 +416,14 @@ class EtcdStore(Store):
         deadline = None if seconds is None else time.monotonic() + seconds
         full = {self._user + encode_key(k): k for k in names}
         while True:
+            since = self.revision  # before every read below: no change between them is missed
             found = self._ranges(list(full))
             missing = [n for n in full if n not in found]
             if not missing:
                 return
             if deadline is not None and time.monotonic() >= deadline:
                 raise timeout_error(names, seconds, self.where, [full[n] for n in missing])
-            for events in self._watch(missing[0], None, self.revision, deadline):
+            for events in self._watch(missing[0], None, since, deadline):
                 if any(e.get("type", "PUT") == "PUT" for e in events):
                     break
 

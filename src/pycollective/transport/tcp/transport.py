@@ -397,7 +397,8 @@ class TCPTransport(Transport):
         scratch = bytearray(1 << 16)
         for peer, conn in sorted(self._conns.items()):
             if conn.lost is not None:
-                if "closed by peer" in conn.lost or "reset by peer" in conn.lost:
+                # an end of file, a reset, or a write into a connection the peer closed
+                if any(w in conn.lost for w in ("closed by peer", "reset by peer", "Broken pipe")):
                     out.append(peer)
                 continue
             while True:
@@ -405,7 +406,7 @@ class TCPTransport(Transport):
                     n = conn.sock.recv_into(scratch, len(scratch), socket.MSG_DONTWAIT)
                 except (BlockingIOError, InterruptedError):
                     break
-                except ConnectionResetError:
+                except (ConnectionResetError, BrokenPipeError):
                     out.append(peer)
                     break
                 except OSError:
