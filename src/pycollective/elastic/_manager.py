@@ -51,6 +51,7 @@ log = logging.getLogger("pycollective.elastic")
 _POLL = 0.01  # seconds between looks at a round's registrations
 _SLICE = 0.05  # a watched store wait checks the members' leases this often
 _JOIN_POLL = 0.05  # the leader's watcher looks for newcomers in the store this often
+_WATCH_PIECE = 5.0  # etcd: a round's watch is one request this long (then made again)
 
 
 class ElasticError(CollectiveError):
@@ -522,8 +523,9 @@ class Manager:
                 self._warn_store(exc)
             while not self._closed and self._round == round_:
                 try:
+                    # in pieces of _WATCH_PIECE s, so that the thread of a round gone ends
                     for kind, key, _, rev in store.watch_prefix(
-                        self._prefix + "/", after, time.monotonic() + 1.0
+                        self._prefix + "/", after, time.monotonic() + _WATCH_PIECE
                     ):
                         after = max(after, rev)
                         if self._round != round_:
