@@ -98,7 +98,7 @@ def check_owned(st: os.stat_result, path: str, kind: Literal["file", "directory"
         raise UnsafePath(
             path,
             f"is owned by {_user(st.st_uid)}, not by this process's user ({_user(me)})",
-            "remove it or choose another path (another user could read or change it)",
+            "remove it or choose another path",
         )
     problem = mode_problem(st.st_mode)
     if problem is not None:
