@@ -245,7 +245,7 @@ def test_cache_in_another_users_directory_is_neither_read_nor_written(cache) -> 
     assert json.loads(open(path).read())["params"] == INJECTED
 
 
-@pytest.mark.parametrize("mode", [0o666, 0o644])
+@pytest.mark.parametrize("mode", [0o666, 0o644], ids=oct)
 def test_cache_entry_open_to_others_is_ignored(cache, mode) -> None:
     cache.mkdir(mode=0o700)
     _plant_cache(cache, mode=mode)
