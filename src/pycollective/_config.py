@@ -425,7 +425,8 @@ def timeout_seconds(timeout: Any) -> float:
         or timeout <= 0
     ):
         raise UsageError(
-            f"timeout must be a finite positive number of seconds or a timedelta, got {timeout!r}"
+            f"timeout must be a positive number of seconds (finite) or a timedelta, got "
+            f"{timeout!r}"
         )
     return float(timeout)
 
