@@ -32,7 +32,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from .. import schedule
+from .. import _files, schedule
 from .._netutil import free_port
 from .._units import human_bytes, size_arg
 from ..runners.arena import COLLECTIVES as ARENA_COLLECTIVES
@@ -358,7 +358,9 @@ def plot(records: Sequence[dict], path: str) -> None:
         ax_b.set_title(f"{coll}, {ranks} ranks: bus bandwidth")
         ax_t.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    kind = os.path.splitext(path)[1].lstrip(".").lower() or "png"
+    with _files.replacing(path, text=False) as f:  # 0600; a link planted there is replaced
+        fig.savefig(f, format=kind, dpi=110)
     plt.close(fig)
 
 
@@ -542,7 +544,7 @@ def main(args: argparse.Namespace) -> int:
     for line in auto_vs_best(records):
         print(line)
     if args.json:
-        with open(args.json, "w") as f:
+        with _files.replacing(args.json) as f:
             json.dump({"nprocs": args.nprocs, "spec": spec, "records": records}, f, indent=1)
     if args.plot and any("error" not in r and r["collective"] != "barrier" for r in records):
         plot(records, args.plot)

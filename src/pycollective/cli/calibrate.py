@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 
+from .. import _files
 from .._netutil import free_port
 from ..api import groups
 from ..api.calibrate import calibrate
@@ -87,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
     _tuning.host_params.cache_clear()
     print(f"# after ({_tuning.source('tcp')}): {_fmt(_tuning.host_params('tcp'))}")
     if args.json:
-        with open(args.json, "w") as f:
+        with _files.replacing(args.json) as f:
             json.dump({"cores": cores, "runs": runs}, f, indent=1)
     return 0
 
