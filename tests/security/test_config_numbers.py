@@ -71,3 +71,25 @@ def test_a_timeout_argument_that_is_not_finite_is_refused(bad) -> None:
     with pytest.raises(UsageError, match="finite"):
         _config.timeout_seconds(bad)
     assert _config.timeout_seconds(datetime.timedelta(minutes=1)) == 60.0
+
+
+@pytest.mark.parametrize("flag", ["--grace", "--notice"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_the_launchers_seconds_refuse_nan_and_infinity(flag: str, value: str) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "pycollective", "run", flag, value, "-n", "1", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "a finite number of seconds" in out.stderr, out.stderr
+
+
+def test_launch_refuses_nan_from_the_api() -> None:
+    from pycollective.cli.run import launch
+
+    with pytest.raises(UsageError, match="finite"):
+        launch(1, ["true"], grace=float("nan"))

@@ -36,6 +36,7 @@ from .. import _files, schedule
 from .._netutil import free_port
 from .._units import human_bytes, size_arg
 from ..runners.arena import COLLECTIVES as ARENA_COLLECTIVES
+from ._args import seconds
 from .bench_worker import MODES, OPS, REDUCING
 
 # The names benchmarks/compare_peers.py imports.
@@ -402,11 +403,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls per size")
     parser.add_argument(
         "--budget",
-        type=float,
+        type=seconds,
         default=1.0,
         help="seconds of timed repetitions per size, all variants",
     )
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
+    parser.add_argument("--timeout", type=seconds, default=1800.0, help="seconds per job")
     parser.add_argument("--json", metavar="FILE", help="write every record as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="plot time and busbw against size")
 
