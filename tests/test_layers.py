@@ -361,10 +361,21 @@ def test_module_state_only_in_documented_registries() -> None:
     )
 
 
+# Leaves that the others build on for safety may import less than a leaf may: only these.
+LEAF_IMPORTS = {"pycollective._files": {"pycollective._errors"}}
+
+
+def test_safety_leaves_import_only_the_errors() -> None:
+    edges = graph()
+    bad = {m: sorted(edges[m] - allowed) for m, allowed in LEAF_IMPORTS.items() if m in edges}
+    assert set(bad) == set(LEAF_IMPORTS) and not any(bad.values()), bad
+
+
 @pytest.mark.parametrize(
     "module, expected",
     [
         ("pycollective._errors", "leaf"),
+        ("pycollective._files", "leaf"),
         ("pycollective.observe.flight", "observe"),
         ("pycollective.runners.arena", "runners"),
         ("pycollective.cli.run", "top"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import difflib
+import math
 import os
 import threading
 import warnings
@@ -54,6 +55,10 @@ def _number(
 ) -> Kind:
     def parse(text: str) -> Any:
         value = cast(text.strip())
+        # NaN fails no comparison, so it must be refused by name (and inf with it: no
+        # setting means "forever"; a deadline of NaN or inf would be a hang)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(text)
         if low is not None and (value < low or (strict_low and value == low)):
             raise ValueError(text)
         return value
@@ -84,16 +89,16 @@ def _text(what: str) -> Kind:
 
 def _cost(text: str) -> tuple[float, ...]:
     values = tuple(float(x) for x in text.split(","))
-    if len(values) not in (3, 4, 7) or any(v < 0 for v in values):
+    if len(values) not in (3, 4, 7) or not all(math.isfinite(v) and v >= 0 for v in values):
         raise ValueError(text)
     return values
 
 
-SECONDS = _number(float, 0.0, "a number of seconds > 0", strict_low=True)
+SECONDS = _number(float, 0.0, "a finite number of seconds > 0", strict_low=True)
 COUNT = _number(int, 0, "a whole number >= 0")
 POSITIVE = _number(int, 1, "a whole number >= 1")
 BYTES = _number(int, 1, "a number of bytes >= 1")
-MICROSECONDS = _number(float, 0.0, "a number of microseconds >= 0")
+MICROSECONDS = _number(float, 0.0, "a finite number of microseconds >= 0")
 SWITCH = _choice(
     "1", "0", aliases={"on": "1", "yes": "1", "true": "1", "off": "0", "no": "0", "false": "0"}
 )
@@ -115,7 +120,8 @@ CALIBRATE = _choice(
 )
 COST = Kind(
     _cost,
-    "alpha,beta,gamma[,overhead[,msg_cpu,byte_cpu,call_cpu]] (seconds, seconds per byte; >= 0)",
+    "alpha,beta,gamma[,overhead[,msg_cpu,byte_cpu,call_cpu]] (seconds, seconds per byte; "
+    "finite, >= 0)",
 )
 
 
@@ -516,9 +522,15 @@ def timeout_seconds(timeout: Any) -> float:
         return float(get("PYCOLLECTIVE_TIMEOUT"))
     if isinstance(timeout, datetime.timedelta):
         timeout = timeout.total_seconds()
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+    if (
+        not isinstance(timeout, (int, float))
+        or isinstance(timeout, bool)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
         raise UsageError(
-            f"timeout must be a positive number of seconds or a timedelta, got {timeout!r}"
+            f"timeout must be a positive number of seconds (finite) or a timedelta, got "
+            f"{timeout!r}"
         )
     return float(timeout)
 

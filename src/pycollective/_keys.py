@@ -99,7 +99,10 @@ def job_key(environ: Mapping[str, str] | None = None, *, create: bool = True) ->
         return JobKey(value.encode("utf-8"), "PYCOLLECTIVE_SECRET")
     path = _config.get("PYCOLLECTIVE_SECRET_FILE", environ)
     if path:
-        return JobKey(_read_secret_file(path), f"PYCOLLECTIVE_SECRET_FILE ({path})")
+        # A path the user named may be a link (a Kubernetes secret mount is one); the file
+        # it leads to must be theirs and private all the same.
+        real = os.path.realpath(path)
+        return JobKey(_read_secret_file(real), f"PYCOLLECTIVE_SECRET_FILE ({path})")
     if _config.get("PYCOLLECTIVE_INSECURE", environ) == "1":
         warn_insecure()
         return JobKey(b"", "PYCOLLECTIVE_INSECURE=1", insecure=True)
@@ -113,8 +116,7 @@ def user_key(environ: Mapping[str, str] | None = None, *, create: bool = True) -
     if create and not os.path.exists(path):
         folder = os.path.dirname(path)
         try:
-            os.makedirs(os.path.dirname(folder), exist_ok=True)
-            _files.private_dir(folder)
+            _files.private_dir(folder)  # 0700, made with its parents when missing
             if _files.create_private(path, secrets.token_hex(32).encode() + b"\n"):
                 log.info("made this user's pycollective key file %s (0600)", path)
         except OSError as exc:

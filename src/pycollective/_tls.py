@@ -71,7 +71,8 @@ def from_env(environ: Mapping[str, str] | None = None) -> TLSConfig | None:
         if not os.path.isfile(path):
             raise UsageError(f"{what}={path}: no such file")
     if key:
-        _files.read_private(key, 1 << 20)  # a private key readable by others is refused
+        # a private key readable by others is refused (a link the user named is followed)
+        _files.read_private(os.path.realpath(key), 1 << 20)
     return TLSConfig(cert, key, ca)
     return TLSConfig()
 

@@ -59,8 +59,9 @@ def test_key_names_host_transport_and_version(cache) -> None:
      '{"format": 99, "transport": "tcp", "params": {"alpha": 1, "beta": 0, "gamma": 0}}'],
 )  # fmt: skip
 def test_corrupt_file_is_ignored_with_a_warning(cache, text: str) -> None:
-    cache.mkdir(parents=True)
+    cache.mkdir(parents=True, mode=0o700)
     _costcache.cache_path("tcp").write_text(text)
+    _costcache.cache_path("tcp").chmod(0o600)  # private, as the cache writes its entries
     with pytest.warns(UserWarning, match="ignoring the corrupt cost cache"):
         assert _costcache.load("tcp") is None
     _tuning.reload()

@@ -71,7 +71,7 @@ def test_the_key_file_of_another_user_or_readable_by_others_is_refused(tmp_path)
     path.chmod(0o600)
     os.chown(path, 65534, 65534)  # "another user" (the tests run as root)
     try:
-        with pytest.raises(UsageError, match="belongs to uid 65534"):
+        with pytest.raises(UsageError, match="owned by uid 65534"):
             _keys.job_key(env)
     finally:
         os.chown(path, os.geteuid(), os.getegid())

@@ -120,8 +120,12 @@ def test_a_certificate_of_another_ca_is_refused(tmp_path) -> None:
     cert, key, ca = _site_ca(tmp_path, "site")
     other = _site_ca(tmp_path, "elsewhere")
     env = {"PYCOLLECTIVE_TLS_CA": ca, "PYCOLLECTIVE_TRANSPORT": "tcp", "PYCOLLECTIVE_TIMEOUT": "20"}
-    per_rank = {
-        0: {"PYCOLLECTIVE_TLS_CERT": cert, "PYCOLLECTIVE_TLS_KEY": key},
+    per_rank = {  # rank 0 waits for rank 1 in vain: not for long
+        0: {
+            "PYCOLLECTIVE_TLS_CERT": cert,
+            "PYCOLLECTIVE_TLS_KEY": key,
+            "PYCOLLECTIVE_TIMEOUT": "5",
+        },
         1: {"PYCOLLECTIVE_TLS_CERT": other[0], "PYCOLLECTIVE_TLS_KEY": other[1]},
     }
     results = run_ranks(WORKER, 2, ("allreduce",), env=env, per_rank_env=per_rank, timeout=100)

@@ -224,6 +224,7 @@ def test_etcd_auth_is_passed_through(tmp_path):
         _raw(cluster, "auth/enable", {})
         pw = tmp_path / "pw"
         pw.write_text("pw\n")
+        pw.chmod(0o600)  # a secret: the store reads it only if it is private
         with pytest.raises(StoreError, match="user name is empty|permission denied|auth"):
             EtcdStore(cluster.endpoints, _job(), SECRET, timeout=3)
         env = dict(os.environ, PYCOLLECTIVE_ETCD_USER="root",

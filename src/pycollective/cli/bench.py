@@ -32,10 +32,11 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from .. import schedule
+from .. import _files, schedule
 from .._netutil import free_port
 from .._units import human_bytes, size_arg
 from ..runners.arena import COLLECTIVES as ARENA_COLLECTIVES
+from ._args import seconds
 from .bench_worker import MODES, OPS, REDUCING
 
 # The names benchmarks/compare_peers.py imports.
@@ -358,7 +359,9 @@ def plot(records: Sequence[dict], path: str) -> None:
         ax_b.set_title(f"{coll}, {ranks} ranks: bus bandwidth")
         ax_t.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    kind = os.path.splitext(path)[1].lstrip(".").lower() or "png"
+    with _files.replacing(path, text=False) as f:  # 0600; a link planted there is replaced
+        fig.savefig(f, format=kind, dpi=110)
     plt.close(fig)
 
 
@@ -400,11 +403,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls per size")
     parser.add_argument(
         "--budget",
-        type=float,
+        type=seconds,
         default=1.0,
         help="seconds of timed repetitions per size, all variants",
     )
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
+    parser.add_argument("--timeout", type=seconds, default=1800.0, help="seconds per job")
     parser.add_argument("--json", metavar="FILE", help="write every record as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="plot time and busbw against size")
 
@@ -542,7 +545,7 @@ def main(args: argparse.Namespace) -> int:
     for line in auto_vs_best(records):
         print(line)
     if args.json:
-        with open(args.json, "w") as f:
+        with _files.replacing(args.json) as f:
             json.dump({"nprocs": args.nprocs, "spec": spec, "records": records}, f, indent=1)
     if args.plot and any("error" not in r and r["collective"] != "barrier" for r in records):
         plot(records, args.plot)

@@ -10,11 +10,13 @@ import subprocess
 import sys
 import tempfile
 
+from .. import _files
 from .._netutil import free_port
 from ..api import groups
 from ..api.calibrate import calibrate
 from ..schedule.cost import CostParams
 from ..tuning import params as _tuning
+from ._args import seconds
 
 HELP = "measure this host's cost-model parameters (alpha, beta, gamma, ...) and cache them"
 
@@ -30,13 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="world sizes, comma separated (default: the cores, then cores + 2 for the "
         "CPU-sharing side when the host has 4 cores or fewer)",
     )
-    parser.add_argument("--budget", type=float, default=2.0, help="seconds of timing per run")
+    parser.add_argument("--budget", type=seconds, default=2.0, help="seconds of timing per run")
     parser.add_argument("--no-save", action="store_true", help="do not write the cache")
     parser.add_argument(
         "--force", action="store_true", help="cache the result even if the machine was busy"
     )
     parser.add_argument("--json", metavar="FILE", help="write what was measured")
-    parser.add_argument("--timeout", type=float, default=300.0, help="per run")
+    parser.add_argument("--timeout", type=seconds, default=300.0, help="per run")
 
 
 def default_sizes(cores: int) -> list[int]:
@@ -87,7 +89,7 @@ def main(args: argparse.Namespace) -> int:
     _tuning.host_params.cache_clear()
     print(f"# after ({_tuning.source('tcp')}): {_fmt(_tuning.host_params('tcp'))}")
     if args.json:
-        with open(args.json, "w") as f:
+        with _files.replacing(args.json) as f:
             json.dump({"cores": cores, "runs": runs}, f, indent=1)
     return 0
 

@@ -32,6 +32,7 @@ import argparse
 import collections
 import ctypes
 import logging
+import math
 import os
 import secrets
 import shutil
@@ -50,6 +51,7 @@ from ..observe import diagnose
 from ..observe import timeline as _timeline
 from ..store import TCPStoreServer
 from ..store._etcd_client import parse_endpoints
+from ._args import seconds
 
 logger = logging.getLogger("pycollective.launch")
 
@@ -204,10 +206,10 @@ def launch(
         raise UsageError(f"--servers must be >= 0 and needs a single node, got {servers}")
     if nnodes < 1 or not 0 <= node_rank < nnodes:
         raise UsageError(f"node rank {node_rank} is not in 0..{nnodes - 1}")
-    if grace < 0:
-        raise UsageError(f"grace must be >= 0, got {grace}")
-    if notice < 0:
-        raise UsageError(f"notice must be >= 0, got {notice}")
+    if not 0 <= grace < math.inf:  # NaN fails this too
+        raise UsageError(f"grace must be a finite number of seconds >= 0, got {grace}")
+    if not 0 <= notice < math.inf:
+        raise UsageError(f"notice must be a finite number of seconds >= 0, got {notice}")
     if max_restarts < 0:
         raise UsageError(f"--max-restarts must be >= 0, got {max_restarts}")
     if elastic is not None:
@@ -721,12 +723,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also start S parameter servers after the N workers (see pycollective.ps)",
     )  # fmt: skip
     parser.add_argument(
-        "--notice", type=float, default=2.0, metavar="SECONDS",
+        "--notice", type=seconds, default=2.0, metavar="SECONDS",
         help="after a rank fails, seconds the others get to exit on their own before any "
         "signal (default 2)",
     )  # fmt: skip
     parser.add_argument(
-        "--grace", type=float, default=5.0,
+        "--grace", type=seconds, default=5.0,
         help="seconds between SIGTERM and SIGKILL when the ranks are stopped (default 5)",
     )  # fmt: skip
     parser.add_argument(

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 
+from .. import _files
 from ..observe import timeline as _timeline
 
 HELP = "merge PYCOLLECTIVE_TIMELINE's per-rank files into one Chrome trace, or summarize one"
@@ -55,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
                     return 2
                 out = args.output
                 data = _timeline.merge(args.files)
-                with open(out, "w", encoding="utf-8") as f:
+                with _files.replacing(out) as f:  # 0600; a link planted there is replaced
                     json.dump(data, f)
             print(f"wrote {out}")
             return 0

@@ -12,6 +12,12 @@ rank is behind and at which call (see diagnose.py).
     PYCOLLECTIVE_FLIGHT_RECORDER=N   entries kept (default 256; 0 turns recording off)
     PYCOLLECTIVE_FLIGHT_DIR=DIR      where dumps go (default: $TMPDIR/pycollective-flight-<uid>;
                                      `pycollective run` makes one per job)
+
+Dumps are private (0600, written to a fresh name and renamed: a link planted at a dump's
+name is replaced, never followed). The default directory has a predictable name in a
+directory everyone writes, so it is used only if it is ours and private (0700, made so
+when missing); otherwise the dumps go to a fresh private directory, and a warning says
+which. A directory the user names is made 0700 when missing and taken as it is otherwise.
 """
 
 from __future__ import annotations
@@ -24,10 +30,11 @@ import socket
 import tempfile
 import threading
 import time
+import warnings
 import weakref
 from typing import Any
 
-from .. import _config
+from .. import _config, _files
 
 log = logging.getLogger("pycollective")
 
@@ -161,6 +168,7 @@ class FlightRecorder:
         self._ring = [Entry() for _ in range(self.capacity)]
         self._next = 0
         self.last_dump: str | None = None
+        self._fallback_dir: str | None = None  # when the default directory was refused
         _register(self)
 
     @property
@@ -241,24 +249,47 @@ class FlightRecorder:
         }
 
     def dump(self, reason: str, directory: str | None = None) -> str | None:
-        """Write the ring to DIR/rank<R>-<pid>.json (atomically); return the path, or None
-        when disabled or the write failed (logged: a dump must never raise)."""
+        """Write the ring to DIR/rank<R>-<pid>.json (atomically, 0600); return the path, or
+        None when disabled or the write failed (logged: a dump must never raise)."""
         if not self.capacity:
             return None
-        directory = directory or flight_dir()
-        path = os.path.join(directory, f"rank{self.rank}-{os.getpid()}.json")
+        path = None
         try:
-            os.makedirs(directory, exist_ok=True)
-            tmp = f"{path}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
+            directory = _files.ensure_dir(directory) if directory else self.directory()
+            path = os.path.join(directory, f"rank{self.rank}-{os.getpid()}.json")
+            with _files.replacing(path) as f:
                 json.dump(self.snapshot(reason), f, indent=1)
-            os.replace(tmp, path)
         except (OSError, TypeError, ValueError) as exc:
-            log.warning("flight recorder: could not write %s: %s", path, exc)
+            log.warning("flight recorder: could not write %s: %s", path or "a dump", exc)
             return None
         self.last_dump = path
         log.info("flight recorder: %s: wrote %s", reason, path)
         return path
+
+    def directory(self) -> str:
+        """Where this recorder's dumps go: PYCOLLECTIVE_FLIGHT_DIR (made 0700 if missing),
+        else the default if it is private to us, else a fresh private directory."""
+        explicit = _config.get("PYCOLLECTIVE_FLIGHT_DIR")
+        if explicit:
+            return _files.ensure_dir(explicit)
+        if self._fallback_dir is not None:
+            return self._fallback_dir
+        default = flight_dir()
+        try:
+            return _files.private_dir(default)
+        except (OSError, _files.UnsafePath) as exc:
+            why = exc.problem if isinstance(exc, _files.UnsafePath) else str(exc)
+            fresh = tempfile.mkdtemp(prefix=f"{os.path.basename(default)}-")  # 0700, random
+            self._fallback_dir = fresh
+            # warnings, not the log: the package's log is silent unless asked, and this is
+            # someone else's directory at our name, which the user should hear about
+            warnings.warn(
+                f"pycollective flight recorder: not using {default} ({why}: another user "
+                f"could read or replace the dumps there); this process dumps to {fresh} "
+                "instead (set PYCOLLECTIVE_FLIGHT_DIR to choose)",
+                stacklevel=2,
+            )
+            return fresh
 
 
 def _capacity_from_env() -> int:
@@ -266,6 +297,8 @@ def _capacity_from_env() -> int:
 
 
 def flight_dir() -> str:
+    """PYCOLLECTIVE_FLIGHT_DIR, else the default (not judged here: see
+    FlightRecorder.directory)."""
     explicit = _config.get("PYCOLLECTIVE_FLIGHT_DIR")
     if explicit:
         return explicit

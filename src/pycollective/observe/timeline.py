@@ -37,7 +37,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .. import _config
+from .. import _config, _files
 from .._units import human_bytes
 from .flight import Entry, job_id
 
@@ -160,17 +160,14 @@ class Timeline:
         }
 
     def write(self) -> str | None:
-        """Write this rank's file (atomically); the path, or None if it could not be."""
+        """Write this rank's file (atomically, 0600: the path's directory may be shared, so
+        nothing planted there is followed); the path, or None if it could not be."""
         path = self.path
         with self._lock:
             try:
-                directory = os.path.dirname(path)
-                if directory:
-                    os.makedirs(directory, exist_ok=True)
-                tmp = f"{path}.tmp{os.getpid()}"
-                with open(tmp, "w", encoding="utf-8") as f:
+                _files.ensure_dir(os.path.dirname(path))
+                with _files.replacing(path) as f:
                     json.dump(self.trace(), f)
-                os.replace(tmp, path)
             except OSError as exc:
                 log.warning("timeline: could not write %s: %s", path, exc)
                 return None
@@ -359,10 +356,8 @@ def write_merged(template: str, out: str | None = None, job: str | None = None) 
     if not data["otherData"]["ranks"]:
         return None
     out = out or template.replace("{rank}", "all")
-    tmp = f"{out}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with _files.replacing(out) as f:
         json.dump(data, f)
-    os.replace(tmp, out)
     return out
 
 

@@ -310,7 +310,7 @@ def _setup(
             if segment is not None:
                 record[17] = 1
                 record[24:32] = np.frombuffer(np.int64(slot_bytes).tobytes(), np.uint8)
-                arena = Arena(segment, p, 0, slot_bytes, cores)
+                arena = Arena(segment, p, 0, slot_bytes, cores, ranks)
                 arena.init_header()
             text = note.encode()[: _RECORD - _NAME_AT]
             record[_NAME_AT : _NAME_AT + len(text)] = np.frombuffer(text, np.uint8)
@@ -347,11 +347,10 @@ def _setup(
                 )
             return None
         if me != 0:
-            name = bytes(recs[0, _NAME_AT:]).rstrip(b"\0").decode()
-            slot_bytes = int(np.frombuffer(bytes(recs[0, 24:32]), np.int64)[0])
+            name, slot_bytes = _arena_of(recs[0], ranks, me)
             try:
                 segment = Segment.attach(name, _arena.layout(p, slot_bytes)[2])
-                arena = Arena(segment, p, me, slot_bytes, cores)
+                arena = Arena(segment, p, me, slot_bytes, cores, ranks)
                 arena.check_header()
             except (OSError, ValueError) as exc:
                 raise TransportError(
@@ -378,6 +377,34 @@ def _setup(
     finally:
         if segment is not None:
             segment.unlink()
+
+
+def _arena_of(record: np.ndarray, ranks: Sequence[int], me: int) -> tuple[str, int]:
+    """The arena name and slot size in rank 0's set-up record: bytes from a peer, so
+    checked to be exactly what the library makes (a name of Segment.create's pattern, no
+    path in it; a slot size slot_bytes_for could choose) before anything is opened."""
+    raw = bytes(record[_NAME_AT:]).rstrip(b"\0")
+    try:
+        name = raw.decode("ascii")
+    except UnicodeDecodeError:
+        name = ""
+    if not _arena.is_segment_name(name):
+        raise TransportError(
+            f"rank {ranks[me]}: rank {ranks[0]}'s set-up record holds no arena name the "
+            f"library makes ({raw[:80]!r}); set PYCOLLECTIVE_TRANSPORT=tcp to run without "
+            "shared memory",
+            peer=ranks[0],
+        )
+    slot_bytes = int(np.frombuffer(bytes(record[24:32]), np.int64)[0])
+    if not _arena.check_slot_bytes(slot_bytes):
+        raise TransportError(
+            f"rank {ranks[me]}: rank {ranks[0]}'s set-up record holds a slot size the library "
+            f"never makes ({slot_bytes} bytes; a multiple of 4096 up to "
+            f"{_arena.MAX_SLOT_BYTES}); set PYCOLLECTIVE_TRANSPORT=tcp to run without shared "
+            "memory",
+            peer=ranks[0],
+        )
+    return name, slot_bytes
 
 
 def _create(p: int, slot_bytes: int) -> tuple[Segment | None, str]:

@@ -31,14 +31,16 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import re
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from .. import _config
+from .._errors import TransportError
 from ..observe.timeline import WAIT as _WAIT
 from . import _futex
 
@@ -71,6 +73,17 @@ NBUF = 4  # data buffers, taken round robin by consecutive chunks
 
 # Header words
 _H_MAGIC, _H_SIZE, _H_SLOT, _H_PID = 0, 1, 2, 3
+
+# A peer's words are data, never trusted: an announcement's fields must fit the frame
+# header's (transport/_wire.py: kind, dtype, op and algorithm one byte each, root an int32,
+# sequence number and count unsigned; checked in `announced`), and a shared buffer's
+# description must be one a process could make. Reading an announcement that keeps
+# changing gives up past a bound.
+SETTLE_SPINS = 4096  # reads of a changing announcement before yielding between reads
+SETTLE_SECONDS = 2.0  # ... and before giving up: its owner rewrites it in nanoseconds
+# The names Segment.create makes: prefix, uid, pid namespace, pid, 12 random hex digits.
+_NAME = re.compile(rf"{_PREFIX}-[0-9]+-[0-9]+-[0-9]+-[0-9a-f]{{12}}")
+MAX_SLOT_BYTES = 1 << 30  # far above what slot_bytes_for makes (at most 4 MiB)
 
 
 def affinity() -> set[int]:
@@ -196,11 +209,15 @@ class Segment:
 
     @classmethod
     def attach(cls, name: str, nbytes: int) -> Segment:
-        if "/" in name or not name.startswith(_PREFIX + "-"):
+        if not is_segment_name(name):
             raise OSError(f"not a pycollective segment name: {name!r}")
-        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+        nofollow = getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | nofollow)
         try:
-            if os.fstat(fd).st_size < nbytes:
+            st = os.fstat(fd)
+            if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+                raise OSError(f"segment {name} belongs to uid {st.st_uid}, not to this user")
+            if st.st_size < nbytes:
                 raise OSError(f"segment {name} is smaller than {nbytes} bytes")
         except BaseException:
             os.close(fd)
@@ -213,6 +230,16 @@ class Segment:
             self._linked = False
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
+
+
+def is_segment_name(name: str) -> bool:
+    """Whether `name` is one Segment.create could have made (no separator, no "..")."""
+    return _NAME.fullmatch(name) is not None
+
+
+def check_slot_bytes(slot_bytes: int) -> bool:
+    """Whether `slot_bytes` is a slot size slot_bytes_for could have made."""
+    return 4096 <= slot_bytes <= MAX_SLOT_BYTES and slot_bytes % 4096 == 0
 
 
 # ---------------------------------------------------------------------- the arena
@@ -233,7 +260,13 @@ class Arena:
     """This rank's view of a group's arena: control blocks, data slots, phase counter."""
 
     def __init__(
-        self, segment: Segment, size: int, rank: int, slot_bytes: int, cores: int | None = None
+        self,
+        segment: Segment,
+        size: int,
+        rank: int,
+        slot_bytes: int,
+        cores: int | None = None,
+        ranks: Sequence[int] | None = None,
     ) -> None:
         ctrl_off, data_off, total = layout(size, slot_bytes)
         if segment.nbytes < total:
@@ -250,6 +283,8 @@ class Arena:
         self.data = self._raw[data_off:total]
         self._typed: dict[np.dtype, np.ndarray] = {}
         self.peers = tuple(q for q in range(size) if q != rank)
+        # the group's ranks, by arena index: what errors name
+        self.ranks = tuple(range(size)) if ranks is None else tuple(ranks)
         self.epoch = self.ctrl[rank * WORDS + EPOCH]
         self.next_buf = 0  # the buffer the next chunk takes; every rank counts alike
         # the group's cores, corrected by set_cores once the peers' affinities are known
@@ -340,8 +375,11 @@ class Arena:
         c[base + SEQ] = seq + 1
 
     def announced(self, q: int) -> tuple[int, int, int, int, int, int, int] | None:
-        """(seq, kind, dtype, count, root, op, algo) rank q announced last, or None."""
+        """(seq, kind, dtype, count, root, op, algo) rank q announced last, or None. Raises
+        TransportError if the words are impossible, or never settle."""
         c, base = self.ctrl, q * WORDS
+        tries = 0
+        give_up = 0.0
         while True:
             seq = c[base + SEQ]
             fields = (
@@ -355,19 +393,59 @@ class Arena:
             if seq == c[base + SEQ]:
                 if seq == 0:
                     return None
+                kind, dtype, count, root, op, algo = fields
+                # literals, not the names above: this runs at every check of a peer
+                if (
+                    seq < 0
+                    or count < 0
+                    or (kind | dtype | op | algo) & ~0xFF
+                    or not -0x80000000 <= root <= 0x7FFFFFFF
+                ):
+                    raise self._corrupt(q, f"an impossible call (words {(seq - 1, *fields)})")
                 return (seq - 1, *fields)
-            # the owner is rewriting it: it finishes within nanoseconds
+            # the owner is rewriting it: it finishes within nanoseconds, unless it is
+            # descheduled (then yield to it) or is no pycollective rank (then give up)
+            tries += 1
+            if tries >= SETTLE_SPINS:
+                now = time.monotonic()
+                if not give_up:
+                    give_up = now + SETTLE_SECONDS
+                elif now >= give_up:
+                    raise self._corrupt(
+                        q,
+                        f"an announcement that never settled ({tries} reads in "
+                        f"{SETTLE_SECONDS:g} s saw it change)",
+                    )
+                os.sched_yield()
 
     def shared_buffer(self, q: int) -> tuple[int, int, int, int, int]:
         """(pid, fd + 1, inode, offset, length) of rank q's announced buffer; fd + 1 is 0
-        if it is not shared. Stable from q's first phase of a call until its next phase."""
+        if it is not shared. Stable from q's first phase of a call until its next phase.
+        Raises TransportError if the words describe no buffer a process could have."""
         c, base = self.ctrl, q * WORDS
-        return (
+        pid, fd1, ino, off, length = (
             c[base + PID],
             c[base + BUF_FD],
             c[base + BUF_INO],
             c[base + BUF_OFF],
             c[base + BUF_LEN],
+        )
+        if fd1 and (pid <= 0 or fd1 < 0 or ino < 0 or off < 0 or length <= 0):
+            raise self._corrupt(
+                q,
+                f"an impossible shared buffer (pid {pid}, fd {fd1 - 1}, inode {ino}, "
+                f"offset {off}, length {length})",
+            )
+        return pid, fd1, ino, off, length
+
+    def _corrupt(self, q: int, what: str) -> TransportError:
+        peer = self.ranks[q]
+        return TransportError(
+            f"rank {self.ranks[self.rank]}: rank {peer}'s control block in the shared-memory "
+            f"arena {self.segment.name} holds {what}: it is corrupt, or written by something "
+            "other than a pycollective rank of this group (PYCOLLECTIVE_TRANSPORT=tcp runs "
+            "without shared memory)",
+            peer=peer,
         )
 
     def epoch_of(self, q: int) -> int:

@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from .. import _config, _keys
+from .. import _config, _files, _keys
 from .._errors import StoreError, UsageError
 from . import _signed
 from ._base import (
@@ -491,10 +491,9 @@ def auth_from_env() -> EtcdAuth:
     password = None
     path = _config.get("PYCOLLECTIVE_ETCD_PASSWORD_FILE")
     if path:
-        try:
-            with open(path) as f:
-                password = f.read().strip()
-        except OSError as exc:
+        try:  # a secret: this user's file, private, never through a link (_files)
+            password = _files.read_private(path, 64 * 1024).decode("utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"PYCOLLECTIVE_ETCD_PASSWORD_FILE={path}: {exc}") from None
     return EtcdAuth(
         cacert=_config.get("PYCOLLECTIVE_ETCD_CACERT"),

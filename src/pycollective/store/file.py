@@ -6,6 +6,13 @@ calls poll the file with a capped backoff. As with torch's FileStore, the file c
 open instances and the last one to close removes it, so a later job that reuses the path
 does not read this job's keys; a job that crashes leaves the file behind, so give each job
 a fresh path.
+
+The path is often in a directory others can write, where a name can be planted before the
+job comes: a file of another user's holding keys the job would read, a file open to
+others, a link (or a second hard link) to a file of the job's user that records would be
+appended to. So the file is opened without following links, created 0600, and must be a
+regular file with one name, owned by this user and closed to group and others (like ssh's
+files); anything else is refused with a StoreError saying why and what to do.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
+from .. import _files
 from .._errors import StoreError
 from ._base import (
     MAX_KEY_BYTES,
@@ -49,10 +57,7 @@ class FileStore(Store):
         self._tlock = threading.Lock()  # flock is per open file, not per thread
         self._fd: int | None = None
         while self._fd is None:
-            try:
-                fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            except OSError as exc:
-                raise StoreError(f"cannot open the store file {self._path}: {exc}") from exc
+            fd = _open(self._path)
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 # The last user of a previous job may have unlinked the file between our
@@ -232,3 +237,24 @@ class FileStore(Store):
 
     def __repr__(self) -> str:
         return f"FileStore({self._path!r})"
+
+
+def _open(path: str) -> int:
+    """The store file, created 0600 if missing; refused unless it is private to us."""
+    try:
+        fd = _files.open_private(path, os.O_RDWR | os.O_CREAT)
+    except _files.UnsafePath as exc:
+        raise StoreError(
+            f"refusing the store file {exc} (a store file that others made or can change "
+            "could inject keys into the job)"
+        ) from None
+    except OSError as exc:
+        raise StoreError(f"cannot open the store file {path}: {exc}") from exc
+    links = os.fstat(fd).st_nlink
+    if links > 1:
+        os.close(fd)
+        raise StoreError(
+            f"refusing the store file {path}: it has {links} names (a hard link to another "
+            "file); remove it or choose another path"
+        )
+    return fd

@@ -5,6 +5,11 @@ One JSON file per (host, transport, library version) under $XDG_CACHE_HOME/pycol
 turns the cache off with "off" (also "0", "none", "false"). Reading never fails a job: a
 missing file means "use the defaults", a corrupt one is ignored with a warning. Writing
 never fails one either: an unwritable directory gives a warning and nothing is saved.
+
+The entries steer every job's choice of algorithm, so they are private like ssh's files:
+the directory is made 0700 and written only if it is ours and private, an entry is
+written 0600 by rename (a link planted at its name is replaced, not followed), and an
+entry that is a link, another user's, or open to others is ignored with a warning.
 """
 
 from __future__ import annotations
@@ -14,19 +19,20 @@ import json
 import os
 import platform
 import socket
-import tempfile
 import time
 import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from .. import _files
 from .._version import __version__
 from ..schedule.cost import CostParams
 
 ENV = "PYCOLLECTIVE_COST_CACHE"
 _OFF = {"off", "0", "none", "false", "no"}
 FORMAT = 1
+MAX_ENTRY_BYTES = 1 << 20  # an entry is a few hundred bytes; a bigger file is not one
 # What a cache entry holds: the transport's constants, not the job's ranks_per_core.
 SAVED = ("alpha", "beta", "gamma", "overhead", "msg_cpu", "byte_cpu", "call_cpu")
 
@@ -70,8 +76,15 @@ def load(transport: str) -> CostParams | None:
     if path is None:
         return None
     try:
-        text = path.read_text()
+        text = _files.read_private(path, MAX_ENTRY_BYTES).decode("utf-8", "replace")
     except (FileNotFoundError, NotADirectoryError):
+        return None
+    except _files.UnsafePath as exc:
+        warnings.warn(
+            f"pycollective: ignoring the cost cache {exc} (another user could have written "
+            "it); using the default cost parameters",
+            stacklevel=2,
+        )
         return None
     except OSError as exc:
         warnings.warn(f"pycollective: cannot read the cost cache {path}: {exc}", stacklevel=2)
@@ -107,17 +120,10 @@ def save(transport: str, params: CostParams, details: dict[str, Any] | None = No
         "details": details or {},
     }
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Write aside and rename, so a reader never sees half a file.
-        fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError as exc:
+        _files.private_dir(path.parent)
+        with _files.replacing(path) as f:  # a reader never sees half a file
+            json.dump(data, f, indent=1)
+    except (OSError, _files.UnsafePath) as exc:
         warnings.warn(
             f"pycollective: cannot write the cost cache {path} ({exc}); the parameters are "
             f"used by this job only (set {ENV} to another directory, or to 'off')",

@@ -924,12 +924,12 @@ class TCPTransport(Transport):
 
     def _recv(self, conn: _Conn, into: memoryview) -> int:
         """recv_into `into`: bytes read, 0 if none are there yet, -1 if the peer is lost."""
+        if conn.tls:
+            return self._recv_tls(conn, into)
         try:
             n = conn.sock.recv_into(into)
-        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+        except (BlockingIOError, InterruptedError):
             return 0
-        except ssl.SSLZeroReturnError:
-            n = 0  # the peer closed its TLS session
         except OSError as exc:
             self._lose(conn, f"connection error: {exc.strerror or exc}")
             return -1
@@ -937,6 +937,29 @@ class TCPTransport(Transport):
             self._lose(conn, "connection closed by peer (process exited or crashed?)")
             return -1
         return n
+
+    def _recv_tls(self, conn: _Conn, into: memoryview) -> int:
+        """_recv under TLS: SSL hands out one record (16 KiB at most) a call, so read record
+        after record until `into` is full or nothing more has come; the loop around the
+        state machine then runs once for many records, not once for each."""
+        sock, got, size = conn.sock, 0, into.nbytes
+        while got < size:
+            try:
+                n = sock.recv_into(into[got:] if got else into)
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                return got
+            except ssl.SSLZeroReturnError:
+                n = 0  # the peer closed its TLS session
+            except OSError as exc:
+                self._lose(conn, f"connection error: {exc.strerror or exc}")
+                return -1
+            if n == 0:
+                if got:
+                    return got  # take what came; the next read finds the close
+                self._lose(conn, "connection closed by peer (process exited or crashed?)")
+                return -1
+            got += n
+        return got
 
     def _on_bytes(self, conn: _Conn, n: int) -> None:
         conn.got += n
