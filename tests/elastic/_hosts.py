@@ -216,6 +216,7 @@ def host_losses(
     member_losses: int = 0,
     log=None,
     stderr_to: str | None = None,
+    then_quorum: bool = False,
 ) -> tuple[Outcome, dict]:
     """One job across the hosts; `member_losses` etcd members killed alone (the leader's
     among them) with the pause they cause measured, then `kills` hosts killed (kill -9 of
@@ -281,9 +282,22 @@ def host_losses(
                 break
             job.replace_host(k)
         job.wait(lambda j: j.stepping(total), 120)
-        stop = job.max_step() + 40
-        job.stop_at(stop)
-        rc = job.finish_hosts(120)
+        if then_quorum:
+            # the same job ends by losing the etcd quorum: judged apart (extra["quorum"])
+            stop = job.max_step()
+            with job._cv:
+                digests = {m.id: m.steps[-1]["step"] for m in job.live() if m.steps}
+            extra["quorum"] = lose_the_quorum(job, total, log)
+            extra["steps_at_quorum_loss"] = digests
+            for i in range(etcd.n):  # the cluster back, for whoever uses it next
+                if etcd.procs[i] is None:
+                    etcd.start_member(i, "existing")
+            etcd.wait_healthy(60)
+            rc = 0
+        else:
+            stop = job.max_step() + 40
+            job.stop_at(stop)
+            rc = job.finish_hosts(120)
     except _Stop:
         rc = None
     finally:
@@ -291,7 +305,7 @@ def host_losses(
         if stderr_to:  # every line the launchers and members wrote, for a post-mortem
             with open(stderr_to, "w") as f:
                 f.write("".join(job.stderr))
-    out = job.judge(rc, done, stop)
+    out = job.judge(rc, done, stop) if not then_quorum else _judge_kills(job, done)
     out.problems[:0] = problems
     out.problems += job.leftovers()
     return out, extra
@@ -308,26 +322,7 @@ def quorum_loss(hosts, etcd: EtcdCluster, *, per_host: Sequence[int] = (1, 1, 1,
         if not job.wait(lambda j: j.stepping(total), 120):
             out["problems"].append("the job did not start")
             return out
-        victims = [i for i in etcd.running() if i != etcd.leader()][:1] + [etcd.leader()]
-        t0 = time.monotonic()
-        for i in victims:
-            etcd.kill(i)
-        ended = job.wait(lambda j: all(p.poll() is not None for p in j.launchers.values()), 90)
-        out["seconds"] = round(time.monotonic() - t0, 2)
-        rcs = [p.poll() for p in job.launchers.values()]
-        err = "".join(job.stderr)
-        named = [ln for ln in job.stderr if "[rank" in ln and "quorum" in ln]
-        out.update(rcs=rcs, named_lines=len(named))
-        if not ended:
-            out["problems"].append("a launcher was still running 90 s after the quorum loss")
-        if any(rc == 0 for rc in rcs):
-            out["problems"].append(f"launcher exit statuses {rcs}")
-        raised = {ln.split("]:")[0] for ln in named}
-        if len(raised) < total:
-            out["problems"].append(f"only {sorted(raised)} named the lost quorum: {err[-3000:]}")
-        if log:
-            log(f"  quorum lost: every launcher exited ({rcs}) {out['seconds']} s later; "
-                f"{len(raised)} ranks named it")  # fmt: skip
+        out = lose_the_quorum(job, total, log)
     finally:
         job.close()
         for i in range(etcd.n):
@@ -335,6 +330,43 @@ def quorum_loss(hosts, etcd: EtcdCluster, *, per_host: Sequence[int] = (1, 1, 1,
                 etcd.start_member(i, "existing")
         etcd.wait_healthy(60)
         out["problems"] += job.leftovers()
+    return out
+
+
+def lose_the_quorum(job: HostsJob, total: int, log=None) -> dict:
+    """On a job whose `total` members train: kill two of its three etcd members and judge
+    that every member named the lost quorum and every launcher exited non-zero."""
+    etcd = job.etcd
+    out: dict = {"problems": []}
+    victims = [i for i in etcd.running() if i != etcd.leader()][:1] + [etcd.leader()]
+    t0 = time.monotonic()
+    for i in victims:
+        etcd.kill(i)
+    ended = job.wait(lambda j: all(p.poll() is not None for p in j.launchers.values()), 90)
+    out["seconds"] = round(time.monotonic() - t0, 2)
+    rcs = [p.poll() for p in job.launchers.values()]
+    err = "".join(job.stderr)
+    named = [ln for ln in job.stderr if "[rank" in ln and "quorum" in ln]
+    out.update(rcs=rcs, named_lines=len(named))
+    if not ended:
+        out["problems"].append("a launcher was still running 90 s after the quorum loss")
+    if any(rc == 0 for rc in rcs):
+        out["problems"].append(f"launcher exit statuses {rcs}")
+    raised = {ln.split("]:")[0] for ln in named}
+    if len(raised) < total:
+        out["problems"].append(f"only {sorted(raised)} named the lost quorum: {err[-3000:]}")
+    if log:
+        log(f"  quorum lost: every launcher exited ({rcs}) {out['seconds']} s later; "
+            f"{len(raised)} ranks named it")  # fmt: skip
+    return out
+
+
+def _judge_kills(job: HostsJob, kills: list[Kill]) -> Outcome:
+    """The recovery of each failure, for a job that ended by losing its quorum (so no
+    member finished: the final digests are not asked for)."""
+    out = job.judge(0, kills, 0)
+    out.problems = [p for p in out.problems
+                    if not p.startswith(("members without DONE", "final steps"))]  # fmt: skip
     return out
 
 

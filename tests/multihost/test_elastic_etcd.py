@@ -4,8 +4,9 @@ network-namespace hosts (tools/nethosts.py), a 3-member etcd cluster on three of
 temporary directory), one launcher per host under `pycollective run --rdzv-backend etcd
 --elastic` (tests/elastic/_hosts.py). The short version, for `make test`: an etcd member
 (the leader) killed alone, then a whole host (every process on it, its etcd member too)
-killed with kill -9 and replaced; then two of the three members killed: every rank must
-name the lost quorum. `make faults` runs the long one (tools/faults.py --only hosts).
+killed with kill -9 and replaced; then, in the same job, two of the three members killed:
+every rank must name the lost quorum. `make faults` runs the long one (tools/faults.py
+--only hosts).
 
 Needs root and `ip netns` (skipped otherwise, saying which is missing) and etcd.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 from tests import _etcd
-from tests.elastic._hosts import host_losses, quorum_loss
+from tests.elastic._hosts import host_losses
 from tools import nethosts
 
 _WHY = nethosts.available()
@@ -34,10 +35,12 @@ def cluster():
             yield hosts, etcd
 
 
-def test_an_etcd_member_and_then_a_whole_host_are_lost_and_training_goes_on(cluster):
+def test_an_etcd_member_then_a_host_then_the_quorum_are_lost(cluster):
     hosts, etcd = cluster
-    out, extra = host_losses(hosts, etcd, kills=1, seed=19, member_losses=1)
+    out, extra = host_losses(hosts, etcd, kills=1, seed=19, member_losses=1, then_quorum=True)
     assert out.problems == [], (out.problems, out.stderr[-4000:])
+    # the end: two of three etcd members killed, every rank named the lost quorum
+    assert extra["quorum"]["problems"] == [], extra["quorum"]
     (kill,) = out.kills
     assert 0 in {e["host"] for e in extra["events"]}  # node 0's host: nothing special there
     # bounds that hold on a loaded 2-core machine; the targets' numbers are make faults'
@@ -45,9 +48,3 @@ def test_an_etcd_member_and_then_a_whole_host_are_lost_and_training_goes_on(clus
     assert kill.resumed_step >= kill.committed_before - 1, kill
     assert extra["member_pauses"][0] < 5, extra
     assert len(out.replacement_seconds()) == 1
-
-
-def test_losing_the_etcd_quorum_raises_on_every_rank(cluster):
-    hosts, etcd = cluster
-    out = quorum_loss(hosts, etcd)
-    assert out["problems"] == [], out
