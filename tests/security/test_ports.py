@@ -164,3 +164,26 @@ def test_a_squatted_store_port_fails_the_job_at_once() -> None:
         assert "key differs" in r.stderr, r.stderr[-2000:]
     assert elapsed < 40
     assert squatter.connections == 0
+
+
+def test_a_torch_store_rewritten_by_an_outsider_is_caught() -> None:
+    """torchrun's agent store is torch's TCPStore, which authenticates nobody: what ranks
+    put there is signed with the job's key, so a rewritten address or cost parameter is an
+    error naming the key instead of a rank dialing wherever it was told."""
+    torch_dist = pytest.importorskip("torch.distributed")
+    from pycollective import _keys
+    from pycollective._errors import StoreError
+    from pycollective.core.rendezvous import TorchStoreAdapter
+
+    raw = torch_dist.HashStore()
+    ours = TorchStoreAdapter(raw, "job", "torchrun's store")
+    ours.sign(_keys.JobKey(b"a-key-for-this-test-only", "test"))
+    ours.set("tcp/0", b"10.0.0.1:4000")
+    assert ours.get("tcp/0") == b"10.0.0.1:4000"
+    raw.set("job/tcp/0", b"10.6.6.6:4000")  # the outsider
+    with pytest.raises(StoreError, match="not signed with the job's secret"):
+        ours.get("tcp/0")
+    ours.set("tcp/1", b"10.0.0.2:4000")
+    raw.set("job/tcp/0", raw.get("job/tcp/1"))  # a real value, moved to another key
+    with pytest.raises(StoreError, match="fails its signature check"):
+        ours.get("tcp/0")

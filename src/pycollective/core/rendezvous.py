@@ -14,6 +14,8 @@ from typing import Any
 from .. import _auth, _config, _launch_env, _netutil, runners
 from .. import store as store_mod
 from .._errors import CollectiveTimeout, StoreError, UsageError
+from .._keys import JobKey
+from ..store import _signed
 from ..store.etcd import parse_url as parse_etcd_url
 from ..transport.tcp import connect_mesh
 from ..tuning import params as _tuning
@@ -28,16 +30,28 @@ class TorchStoreAdapter:
 
     Keys go under `prefix` when one is given; torch's errors (DistStoreError and the other
     RuntimeErrors a torch store raises on timeouts and broken connections) become StoreError.
+    A torch store authenticates nobody (torchrun's listens on every interface), so once
+    `sign` gave it the job's key, every value we put there carries an HMAC under it and a
+    value that does not (forged, or another job's) is a StoreError naming the key.
     """
 
     def __init__(self, store: Any, prefix: str = "", where: str = "a torch store") -> None:
         self._store = store
         self._prefix = prefix.rstrip("/") + "/" if prefix else ""
         self._where = where
+        self._signing: bytes | None = None
+
+    def sign(self, key: JobKey) -> None:
+        """Sign what is set and check what is got from now on (not for an insecure key)."""
+        if not key.insecure:
+            self._signing = key.derive(b"torch store values")
 
     def set(self, key: str, value: bytes) -> None:
+        full = self._prefix + key
+        if self._signing is not None:
+            value = _signed.seal(self._signing, full.encode(), bytes(value), 0)
         try:
-            self._store.set(self._prefix + key, value)
+            self._store.set(full, value)
         except RuntimeError as exc:
             raise StoreError(f"set {key!r} in {self._where} failed: {first_line(exc)}") from exc
 
@@ -46,9 +60,14 @@ class TorchStoreAdapter:
         try:
             if timeout is not None:
                 self._store.wait([full], datetime.timedelta(seconds=timeout))
-            return bytes(self._store.get(full))
+            value = bytes(self._store.get(full))
         except RuntimeError as exc:
             raise StoreError(f"get {key!r} from {self._where} failed: {first_line(exc)}") from exc
+        if self._signing is None:
+            return value
+        return _signed.open_sealed(
+            self._signing, full.encode(), value, 0, f"{full} in {self._where}"
+        )
 
     def close(self) -> None:
         self._store = None  # torch stores have no close(); dropping ours closes the socket
@@ -212,6 +231,8 @@ def connect_world(
     job = None
     if creds is None:
         creds = _auth.credentials()
+    if isinstance(store, TorchStoreAdapter):
+        store.sign(creds.key)  # a torch store lets anyone write: make forgeries show
     if size > 1:
         bind, advertise = _netutil.listen_address(master_addr or "127.0.0.1", multi_node)
         t0 = time.monotonic()
