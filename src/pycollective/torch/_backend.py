@@ -42,6 +42,7 @@ from . import _work
 from ._work import DoneWork, TorchWork, completed, torch_error
 
 BACKEND_NAME = "pycollective"
+_CPU = torch.device("cpu")
 _VIEWS_KEPT = 16  # a group's tensor views for synchronous calls (_sync_view)
 
 _instances = itertools.count()
@@ -318,6 +319,36 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
 
     def __repr__(self) -> str:
         return f"<PycollectiveProcessGroup rank={self.rank()} size={self.size()}>"
+
+    # ------------------------------------------------------------------ per-device backend
+
+    # torch's code asks a group for its backend on a device (FSDP2's allocation from the
+    # group, _set_pg_timeout, shrink_group, the time estimator) and for the devices it has
+    # one for (DCP's broadcast from rank 0 indexes _device_types). gloo's group answers for
+    # "cpu" with the ProcessGroupGloo registered there. torch takes the ProcessGroup a
+    # creator returns as the group itself, and a c10d Backend cannot be made in Python, so
+    # this group is its own CPU backend: it answers for "cpu" with itself, and for any other
+    # device as torch does for a device with no backend.
+
+    @property
+    def _device_types(self) -> list[torch.device]:
+        return [_CPU]
+
+    def _get_backend(self, device: torch.device | str) -> PycollectiveProcessGroup:
+        kind = torch.device(device).type
+        if kind != "cpu":
+            raise RuntimeError(f"No backend type associated with device type {kind}")
+        return self
+
+    # What torch's callers ask of a Backend: none of these is offered.
+    supports_splitting = False
+    supports_coalescing = False
+    supports_shrinking = False
+    supports_time_estimate = False
+
+    def supports_tensor_alloc(self, device: torch.device | str) -> bool:
+        """No memory of the group's own: callers fall back to torch.empty."""
+        return False
 
     @property
     def pycollective_group(self) -> _OurGroup:
