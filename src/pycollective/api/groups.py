@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .. import _config, _launch_env, _log, schedule
+from .. import _config, _launch_env, _log, _netutil, schedule
 from .._auth import secret_from_env
 from .._errors import StoreError, UsageError
 from ..core import rendezvous
@@ -116,7 +116,11 @@ def init_process_group(
             ", several hosts" if env.multi_node else "",
         )  # fmt: skip
         the_store = None
+        meeting = rendezvous.meeting_host(init_method, env)
         if world_size > 1:
+            # Refused here, before any rank waits on a store, when it spans hosts with no
+            # routable address to advertise (connect_world asks the same again).
+            _netutil.listen_address(meeting, env.multi_node)
             the_store = (
                 store
                 if store is not None
@@ -139,7 +143,7 @@ def init_process_group(
                 the_store,
                 seconds,
                 f"pycollective/{DEFAULT.generation}",
-                master_addr=env.master_addr,
+                master_addr=meeting,
                 multi_node=env.multi_node,
             )
         except BaseException:

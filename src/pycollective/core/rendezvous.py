@@ -76,13 +76,7 @@ def make_store(
         return store_mod.FileStore(init_method[len("file://") :], timeout=timeout)
     host, port, store_host = env.master_addr, env.master_port, env.store_host
     if init_method and init_method.startswith("tcp://"):
-        hostport = init_method[len("tcp://") :].split("?")[0].rstrip("/")
-        host, _, port_text = hostport.rpartition(":")
-        host = host.strip("[]")
-        try:
-            port = int(port_text)
-        except ValueError:
-            raise UsageError(f"init_method {init_method!r} has no port") from None
+        host, port = tcp_init_address(init_method)
         store_host = "rank0"
     elif init_method and init_method != "env://":
         raise UsageError(f"unsupported init_method {init_method!r}; use env://, tcp:// or file://")
@@ -121,6 +115,25 @@ def make_store(
         return JobStore(prefix, client, server)
     client = store_mod.TCPStore(host, port, secret=secret, timeout=timeout)
     return JobStore(prefix, client) if prefix else client
+
+
+def tcp_init_address(init_method: str) -> tuple[str, int]:
+    """(host, port) of init_method "tcp://host:port" (a bracketed IPv6 host too)."""
+    hostport = init_method[len("tcp://") :].split("?")[0].rstrip("/")
+    host, _, port_text = hostport.rpartition(":")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise UsageError(f"init_method {init_method!r} has no port") from None
+    return host.strip("[]"), port
+
+
+def meeting_host(init_method: str | None, env: _launch_env.LaunchEnv) -> str | None:
+    """Where the ranks of a job meet: the host of a tcp:// init_method, else MASTER_ADDR
+    (None when neither says). Each rank listens on the interface that routes there."""
+    if init_method and init_method.startswith("tcp://"):
+        return tcp_init_address(init_method)[0]
+    return env.master_addr
 
 
 class JobStore:
@@ -171,7 +184,7 @@ def connect_world(
     job = None
     if size > 1:
         secret = secret_from_env()
-        bind, advertise = _netutil.listen_address(master_addr or "127.0.0.1", multi_node)
+        bind, advertise = _netutil.listen_address(master_addr, multi_node)
         _warn_if_open(bind, secret)
         t0 = time.monotonic()
         try:

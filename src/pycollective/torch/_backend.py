@@ -278,7 +278,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
         seconds = _config.timeout_seconds(seconds if seconds and seconds > 0 else None)
         adapter = rendezvous.TorchStoreAdapter(store, "", "torch's c10d store")
-        master_addr, multi_node = _where()
+        master_addr, multi_node = _where(store)
         self._world: World = rendezvous.connect_world(
             rank,
             size,
@@ -865,15 +865,32 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         return self._work([work], staged.finish(), tensors)
 
 
-def _where() -> tuple[str | None, bool]:
-    """Where rank 0 is and whether the job spans hosts (from the launcher's environment):
-    a single-host job listens on loopback only, a multi-host one on the interface that
-    routes to MASTER_ADDR."""
+def _where(store: Any) -> tuple[str | None, bool]:
+    """Where the job meets and whether it spans hosts. The meeting place is the host of
+    torch's TCPStore under `store` (what env:// and tcp:// connect to: a tcp:// job sets
+    no MASTER_ADDR, as Ray Train's init_method="tcp" does not), else MASTER_ADDR; whether it
+    spans hosts is the launcher's word (RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, ...). A
+    single-host job listens on loopback only, a multi-host one on the interface that routes
+    to the meeting place (_netutil.listen_address)."""
     try:
         env = _launch_env.detect()
     except UsageError:
-        return None, False
-    return env.master_addr, env.multi_node
+        env = None
+    host = _tcpstore_host(store)
+    if host is None and env is not None:
+        host = env.master_addr
+    return host, env is not None and env.multi_node
+
+
+def _tcpstore_host(store: Any) -> str | None:
+    """The host of the TCPStore inside torch's PrefixStores, if there is one."""
+    for _ in range(16):
+        if isinstance(store, tdist.TCPStore):
+            return store.host
+        store = getattr(store, "underlying_store", None)
+        if store is None:
+            return None
+    return None
 
 
 def create_backend(
