@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
+
+# tests/ray needs Ray (`make test-ray` installs it into .venv-ray and runs that folder);
+# where Ray is not installed, as in `make test`'s .venv, the folder is not collected.
+collect_ignore = [] if importlib.util.find_spec("ray") else ["ray"]
 
 # auto's cost parameters must not depend on what `pycollective calibrate` cached on this
 # machine: tests (and the ranks they start) use the defaults unless a test says otherwise.

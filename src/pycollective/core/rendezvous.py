@@ -170,6 +170,7 @@ def connect_world(
     master_addr: str | None = None,
     multi_node: bool = False,
     abort: Callable[[], str | None] | None = None,
+    secret: bytes | None = None,
 ) -> World:
     """Connect this rank to every other rank of a job and return the World, without
     touching the default group: the torch backend and the parameter server build their own.
@@ -177,13 +178,15 @@ def connect_world(
     `store` has set(key, bytes) and get(key, timeout=None) (ours, or a torch store wrapped
     in _TorchStoreAdapter); addresses go under `prefix`, which must be unique per world
     sharing that store. Every rank calls this with the same size and prefix. `abort`
-    (see connect_mesh) may end the wait for peers early.
+    (see connect_mesh) may end the wait for peers early. `secret` is the job's, when the
+    caller knows it (a Ray job's: pycollective._ray_job); None reads the environment's.
     """
     check_environment()
     transport = None
     job = None
     if size > 1:
-        secret = secret_from_env()
+        if secret is None:
+            secret = secret_from_env()
         bind, advertise = _netutil.listen_address(master_addr, multi_node)
         _warn_if_open(bind, secret)
         t0 = time.monotonic()

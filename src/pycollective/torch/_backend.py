@@ -26,7 +26,7 @@ from torch._C._profiler import _RecordFunctionFast
 
 import torch
 
-from .. import _buffers, _config, _launch_env
+from .. import _buffers, _config, _launch_env, _ray_job
 from .._errors import CollectiveError, CollectiveTimeout, UsageError
 from .._reduce_ops import ReduceOp as _OurOp
 from .._reduce_ops import to_reduce_op
@@ -287,6 +287,9 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
             f"pycollective-backend/{next(_instances)}",
             master_addr=master_addr,
             multi_node=multi_node,
+            # A Ray job's workers (Ray Train's) prove the Ray job's secret: the runtime
+            # env's PYCOLLECTIVE_SECRET, else the one the job keeps in Ray's KV.
+            secret=_ray_job.job_secret() if _ray_job.ray_worker() is not None else None,
         )
         self._world.owns_store = False  # torch owns its store
         ranks = tuple(range(size))
