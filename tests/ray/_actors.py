@@ -20,6 +20,9 @@ from pycollective.core import world as _world
 OPS = {"sum": ReduceOp.SUM, "product": ReduceOp.PRODUCT, "min": ReduceOp.MIN, "max": ReduceOp.MAX}
 
 
+CALLS = ("allreduce", "reduce", "broadcast", "allgather", "reducescatter", "barrier", "sendrecv")
+
+
 def make(kind: str, dtype: str, n: int, rank: int, salt: int = 0) -> Any:
     """Rank-dependent data, exact in every dtype used (small integers)."""
     a = ((np.arange(n) * 7 + rank * 3 + salt) % 11 + 1).astype(dtype)
@@ -32,6 +35,35 @@ def make(kind: str, dtype: str, n: int, rank: int, salt: int = 0) -> Any:
 
 def as_numpy(x: Any) -> np.ndarray:
     return x.numpy() if hasattr(x, "numpy") else np.asarray(x)
+
+
+def expected(what: str, size: int, rank: int, dtype: str, n: int, op: str, root: int) -> dict:
+    """What each call leaves on `rank`, from numpy."""
+    mine = make("numpy", dtype, n, rank)
+    every = [make("numpy", dtype, n, r) for r in range(size)]
+    fold = {"sum": np.add, "product": np.multiply, "min": np.minimum, "max": np.maximum}[op]
+    total = every[0].copy()
+    for a in every[1:]:
+        total = fold(total, a)
+    if what == "allreduce":
+        return {"x": total.tolist()}
+    if what == "reduce":
+        return {"x": (total if rank == root else mine).tolist()}
+    if what == "broadcast":
+        return {"x": every[root].tolist()}
+    if what == "allgather":
+        return {"x": mine.tolist(), "list": [a.tolist() for a in every]}
+    if what == "reducescatter":
+        parts = [make("numpy", dtype, n, r, salt=rank) for r in range(size)]
+        out = parts[0].copy()
+        for a in parts[1:]:
+            out = fold(out, a)
+        return {"x": mine.tolist(), "out": out.tolist()}
+    if what == "barrier":
+        return {"x": mine.tolist()}
+    if what == "sendrecv":
+        return {"x": (every[0] if rank == 1 else mine).tolist()}
+    raise ValueError(what)
 
 
 @ray.remote(num_cpus=0)
