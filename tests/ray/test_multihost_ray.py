@@ -46,8 +46,9 @@ def test_collective_actors_on_both_hosts_match_numpy_and_rays_gloo(report):
     for key, res in report["calls"].items():
         assert res["ours"] == res["expected"], key
         assert res["gloo"] == res["expected"], key
-    # across hosts the data went over TCP: at least the 4000-byte buffers of the calls
-    assert all(b > 10 * 1000 * 4 for b in report["tcp_bytes"]), report["tcp_bytes"]
+    # across hosts the data went over TCP: each rank sent at least its 4000-byte buffers
+    # of the two allreduces, the two allgathers and the two reducescatters
+    assert all(b > 6 * 1000 * 4 for b in report["tcp_bytes"]), report["tcp_bytes"]
 
 
 @pytest.mark.parametrize("init_method", ["env", "tcp"])
