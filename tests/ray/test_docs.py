@@ -38,7 +38,7 @@ def test_the_torch_trainer_form(tmp_path):
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-6000:]
     assert "done None" in res.stdout, out[-6000:]
-    ranks = sorted(re.findall(r"backend pycollective rank (\d) of 2", out))
+    ranks = sorted(set(re.findall(r"backend pycollective rank (\d) of 2", out)))
     assert ranks == ["0", "1"], out[-6000:]
 
 
