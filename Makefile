@@ -61,8 +61,7 @@ $(RAY_STAMP): pyproject.toml setup.py $(wildcard src/pycollective/_native/*.[ch]
 	test -x $(RAY_PY) || $(PYTHON) -m venv $(RAY_VENV)
 	$(RAY_PY) -m pip install --quiet --upgrade pip
 	# torch pinned to the CPU build, as in setup: ray[train] alone could pull a CUDA build.
-	$(RAY_PY) -m pip install --quiet -e '.[torch,ray]' pytest pytest-timeout \
-		'torch==$(TORCH_VERSION)' 'ray[train]==$(RAY_VERSION)'
+	$(RAY_PY) -m pip install --quiet -e '.[torch,ray]' 'torch==$(TORCH_VERSION)' 'ray[train]==$(RAY_VERSION)' pytest pytest-timeout
 	touch $(RAY_STAMP)
 
 test-ray: setup-ray
