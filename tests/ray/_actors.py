@@ -9,11 +9,11 @@ import time
 from typing import Any
 
 import numpy as np
+import ray
 import ray.util.collective as col
 from ray.util.collective.types import ReduceOp
 
 import pycollective.ray
-import ray
 from pycollective import _ray_job
 from pycollective.core import world as _world
 

@@ -24,10 +24,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _actors  # noqa: E402
 import _train  # noqa: E402
-
-import pycollective.ray  # noqa: E402
 import ray  # noqa: E402
 from ray import cloudpickle  # noqa: E402
+
+import pycollective.ray  # noqa: E402
 
 cloudpickle.register_pickle_by_value(_actors)
 cloudpickle.register_pickle_by_value(_train)

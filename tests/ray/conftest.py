@@ -16,8 +16,9 @@ os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ.setdefault("PYCOLLECTIVE_TIMEOUT", "60")
 
-import pycollective.ray  # noqa: E402
 import ray  # noqa: E402
+
+import pycollective.ray  # noqa: E402
 
 
 @pytest.fixture(scope="session")

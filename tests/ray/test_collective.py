@@ -10,15 +10,15 @@ import time
 
 import _actors
 import pytest
+import ray
 import ray.util.collective as col
 from _actors import CALLS, Member, expected
+from ray import cloudpickle
 from ray.experimental import internal_kv
 
 import pycollective.ray
-import ray
 from pycollective import _ray_job
 from pycollective._errors import UsageError
-from ray import cloudpickle
 
 cloudpickle.register_pickle_by_value(_actors)  # the workers import it from the driver
 

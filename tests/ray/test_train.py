@@ -8,7 +8,6 @@ import tempfile
 
 import _train
 import pytest
-
 from ray import cloudpickle
 
 cloudpickle.register_pickle_by_value(_train)

@@ -21,6 +21,7 @@ all-reduce per rank), and reduce leaves the buffers of ranks other than the root
 
 from __future__ import annotations
 
+import operator
 import secrets
 import time
 import urllib.parse
@@ -74,8 +75,13 @@ class PycollectiveGroup(BaseGroup):
     """One ray.util.collective group of this actor, on a pycollective World."""
 
     def __init__(self, world_size: int, rank: int, group_name: str) -> None:
-        if not isinstance(world_size, int) or not isinstance(rank, int) or world_size < 1:
-            raise UsageError(f"bad world_size/rank: {world_size!r}/{rank!r}")
+        try:
+            world_size, rank = operator.index(world_size), operator.index(rank)
+        except TypeError:
+            raise UsageError(f"world_size and rank must be integers, got {world_size!r}, "
+                             f"{rank!r}") from None  # fmt: skip
+        if world_size < 1:
+            raise UsageError(f"world_size must be at least 1, got {world_size}")
         if not 0 <= rank < world_size:
             raise UsageError(f"rank {rank} is out of range for world size {world_size}")
         super().__init__(world_size, rank, group_name)
