@@ -151,9 +151,10 @@ class Member:
     def pid(self) -> int:
         return os.getpid()
 
-    def bench(self, name: str, what: str, nbytes: int, reps: int) -> list[float]:
-        """Seconds per call, `reps` calls after a warm-up (each timed alone, after a
-        barrier), on float32 numpy arrays."""
+    def bench(self, name: str, what: str, nbytes: int, calls: int, rounds: int) -> list[float]:
+        """Seconds per call on float32 numpy arrays: `rounds` times, after a barrier,
+        `calls` calls back to back (nccl-tests' way: no barrier's skew in a call's time),
+        after a warm-up."""
         size = col.get_collective_group_size(name)
         n = max(1, nbytes // 4)
         if what == "allreduce":
@@ -168,12 +169,13 @@ class Member:
             def run() -> None:
                 col.reducescatter(y, ins, name)
 
-        for _ in range(3):
+        for _ in range(max(3, calls // 10)):
             run()
-        times = []
-        for _ in range(reps):
+        per_call = []
+        for _ in range(rounds):
             col.barrier(name)
             t0 = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - t0)
-        return times
+            for _ in range(calls):
+                run()
+            per_call.append((time.perf_counter() - t0) / calls)
+        return per_call

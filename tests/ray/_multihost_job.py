@@ -75,12 +75,12 @@ def bench(out: dict, reps: int, train_steps: int, width: int) -> None:
     for what, nbytes in (("allreduce", 4), ("allreduce", 16 << 20), ("reducescatter", 16 << 20)):
         # one run, the same actors: the two backends alternate, several rounds each
         times: dict[str, list[float]] = {"pycollective": [], "gloo": []}
-        r = reps if nbytes < 1 << 20 else max(3, reps // 10)
+        calls = reps if nbytes < 1 << 20 else max(2, reps // 50)
         for _ in range(3):
             for name, group in (("pycollective", "pc"), ("gloo", "default")):
-                got = ray.get([m.bench.remote(group, what, nbytes, r) for m in members])
-                times[name] += [max(pair_t) for pair_t in zip(*got, strict=True)]
-        row = {"call": what, "bytes": nbytes}
+                got = ray.get([m.bench.remote(group, what, nbytes, calls, 5) for m in members])
+                times[name] += [max(each) for each in zip(*got, strict=True)]
+        row = {"call": what, "bytes": nbytes, "calls_per_round": calls}
         for name, ts in times.items():
             row[name] = {"median_s": statistics.median(ts), "min_s": min(ts), "n": len(ts)}
         row["speedup"] = row["gloo"]["median_s"] / row["pycollective"]["median_s"]
