@@ -10,6 +10,7 @@ Needs root and `ip netns` (skipped otherwise, saying which is missing)."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from _hosts import RayHosts
@@ -26,19 +27,12 @@ pytestmark = [
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("rayhosts") / "out.json"
     with RayHosts() as cluster:
-        res = cluster.driver([cluster.env.get("PYTHON", _python()), "tests/ray/_multihost_job.py",
-                              str(out)])  # fmt: skip
+        res = cluster.driver([sys.executable, "tests/ray/_multihost_job.py", str(out)])
         assert res.returncode == 0, f"{res.stdout[-5000:]}\n{res.stderr[-8000:]}"
         addrs = cluster.hosts.addrs
     data = json.loads(out.read_text())
     data["addrs"] = addrs
     return data
-
-
-def _python() -> str:
-    import sys
-
-    return sys.executable
 
 
 def test_collective_actors_on_both_hosts_match_numpy_and_rays_gloo(report):
