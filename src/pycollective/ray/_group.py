@@ -160,7 +160,7 @@ class PycollectiveGroup(BaseGroup):
         try:
             board.delete("current")
             if token is not None:
-                RayKVStore(f"{board._prefix}{token}", 0).clear()
+                RayKVStore(f"{board.prefix}{token}", 0).clear()
         except StoreError:
             pass
 

@@ -35,6 +35,10 @@ class RayKVStore:
         self._prefix = prefix.rstrip("/") + "/"
         self._timeout = timeout
 
+    @property
+    def prefix(self) -> str:
+        return self._prefix
+
     def set(self, key: str, value: bytes) -> None:
         _call(f"set {key!r}", internal_kv._internal_kv_put, self._prefix + key,
               encode_value(value), True)  # fmt: skip
