@@ -5,6 +5,7 @@ started on loopback and torn down at the end. `make test-ray` runs these in .ven
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
 
@@ -15,6 +16,10 @@ import pytest
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ.setdefault("PYCOLLECTIVE_TIMEOUT", "60")
+# Ray's token authentication on, with a token of this session's (Ray would otherwise make
+# one and leave it in ~/.ray/auth_token).
+os.environ["RAY_AUTH_MODE"] = "token"
+os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 
 import ray  # noqa: E402
 
