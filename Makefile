@@ -15,7 +15,8 @@ APT_PACKAGES := openmpi-bin libopenmpi-dev mpich
 # tests/_etcd.py); without their recommends: only these.
 APT_SMALL := slurmctld slurmd slurm-client munge etcd-server
 
-.PHONY: setup system-deps test faults demo bench compare multihost torch-suite lint clean
+.PHONY: setup system-deps test faults demo bench compare multihost torch-suite lint clean \
+	setup-ray test-ray bench-ray
 
 setup: $(STAMP)
 
@@ -45,6 +46,34 @@ system-deps:
 
 test: setup
 	$(PY) -m pytest -q
+
+# Ray (not part of `test`: Ray and Ray Train are large): its own venv, .venv-ray, with
+# ray[train] 2.60.0 and the same CPU torch, then tests/ray: pycollective as a
+# ray.util.collective backend and as Ray Train's torch backend, on a one-node cluster and
+# across two network-namespace hosts (root; skipped otherwise, saying why).
+RAY_VENV := .venv-ray
+RAY_PY := $(RAY_VENV)/bin/python
+RAY_VERSION := 2.60.0
+RAY_STAMP := $(RAY_VENV)/.installed
+
+setup-ray: $(RAY_STAMP)
+
+$(RAY_STAMP): pyproject.toml setup.py $(wildcard src/pycollective/_native/*.[ch])
+	@$(MAKE) --no-print-directory system-deps
+	test -x $(RAY_PY) || $(PYTHON) -m venv $(RAY_VENV)
+	$(RAY_PY) -m pip install --quiet --upgrade pip
+	# torch pinned to the CPU build, as in setup: ray[train] alone could pull a CUDA build.
+	$(RAY_PY) -m pip install --quiet -e '.[torch,ray]' 'torch==$(TORCH_VERSION)' 'ray[train]==$(RAY_VERSION)' pytest pytest-timeout
+	touch $(RAY_STAMP)
+
+test-ray: setup-ray
+	$(RAY_PY) -m pytest -q tests/ray
+
+# pycollective against Ray's gloo backend across two namespace hosts (root): Ray Train DDP
+# steps, ray.util.collective allreduce 4 B and 16 MiB, reducescatter 16 MiB (docs/ray.md).
+BENCH_RAY_ARGS ?=
+bench-ray: setup-ray
+	$(RAY_PY) benchmarks/ray_bench.py $(BENCH_RAY_ARGS) --json benchmarks/results/ray.json
 
 # Fault injection (not part of `test`; several minutes): 50 kill -9 runs, every kind of
 # mismatched call, 12,000 fuzz inputs beside a live job, a 100,000-call soak, SIGINT runs,
@@ -123,5 +152,5 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(RAY_VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
 	rm -f src/pycollective/_native.*.so

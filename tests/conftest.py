@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
+
+
+def _ray_installed() -> bool:
+    """Ray itself, not the namespace package this folder's tests/ray makes of "ray"
+    (which has no origin) when Ray is not installed."""
+    spec = importlib.util.find_spec("ray")
+    return spec is not None and spec.origin is not None
+
+
+# tests/ray needs Ray (`make test-ray` installs it into .venv-ray and runs that folder);
+# where Ray is not installed, as in `make test`'s .venv, the folder is not collected.
+collect_ignore = [] if _ray_installed() else ["ray"]
 
 # auto's cost parameters must not depend on what `pycollective calibrate` cached on this
 # machine: tests (and the ranks they start) use the defaults unless a test says otherwise.

@@ -50,12 +50,13 @@ def test_the_wheel_ships_py_typed_and_says_what_it_is(wheel):
     assert not [n for n in names if n.startswith("pycollective/_native/")]  # C sources stay out
     assert any(c.startswith("Topic :: System :: Distributed Computing") for c in classifiers)
     extras = set(meta.get_all("Provides-Extra"))
-    assert {"torch", "plot", "dev", "test"} <= extras
+    assert {"torch", "plot", "dev", "test", "ray"} <= extras
     requires = meta.get_all("Requires-Dist")
     torch_req = [r for r in requires if r.startswith("torch") and 'extra == "torch"' in r]
     spec = torch_req[0].split(";")[0] if torch_req else ""
     assert "==" not in spec and "<" in spec and ">=" in spec, torch_req
     assert any(r.startswith("matplotlib") and 'extra == "plot"' in r for r in requires)
+    assert any(r.startswith("ray") and 'extra == "ray"' in r for r in requires)
     dev = {r.split(">")[0].split(";")[0] for r in requires if 'extra == "dev"' in r}
     assert {"ruff", "pytest"} <= dev
     assert not any(r.startswith("ruff") and 'extra == "test"' in r for r in requires)
@@ -70,3 +71,6 @@ def test_the_makefile_pins_the_cpu_torch_build():
     assert re.search(r"^TORCH_VERSION := 2\.13\.0$", makefile, re.M)
     installs = [line for line in makefile.splitlines() if "pip install" in line and "-e" in line]
     assert installs and all("'torch==$(TORCH_VERSION)'" in line for line in installs), installs
+    # make test-ray's venv: Ray pinned too (tests/ray)
+    assert re.search(r"^RAY_VERSION := 2\.60\.0$", makefile, re.M)
+    assert any("'ray[train]==$(RAY_VERSION)'" in line for line in installs), installs

@@ -374,8 +374,9 @@ def _vars() -> tuple[Var, ...]:
             "PYCOLLECTIVE_DEBUG",
             DEBUG_LEVELS,
             None,
-            "INFO: log the rendezvous and the algorithm each distinct call runs; DETAIL: "
-            "also every call (NCCL_DEBUG's habit; see pycollective/_log.py).",
+            "INFO: log the job's few facts once each (the rendezvous: who found whom, "
+            "where, how long); DETAIL: also the algorithm each distinct call runs and every "
+            "call (NCCL_DEBUG's habit; see pycollective/_log.py).",
         ),
         Var(
             "PYCOLLECTIVE_NATIVE",

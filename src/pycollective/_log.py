@@ -5,12 +5,16 @@ Every logger of the package is a child of "pycollective", which has a NullHandle
 program that configures no logging sees nothing, and one that does (logging.basicConfig)
 decides itself. PYCOLLECTIVE_DEBUG turns on a handler of our own on stderr:
 
-    PYCOLLECTIVE_DEBUG=INFO     rendezvous (who found whom, where, how long it took),
-                                the algorithm each distinct call runs ("auto" chose what)
-    PYCOLLECTIVE_DEBUG=DETAIL   also every collective call (DEBUG level)
+    PYCOLLECTIVE_DEBUG=INFO     the few facts of a job, once each: rendezvous (who found
+                                whom, where, how long it took), flight-recorder dumps
+    PYCOLLECTIVE_DEBUG=DETAIL   also (DEBUG level) the algorithm each distinct call runs
+                                ("auto" chose what) and every collective call
     unset, "" or OFF            nothing (the default)
 
-Off costs a level check per call (Logger.isEnabledFor, cached by logging).
+Decisions are DEBUG, not INFO, because programs that configure logging at INFO for their
+own sake (Ray's workers do) would otherwise print one line per new call signature; INFO
+stays a small constant per job. Off costs a level check per call (Logger.isEnabledFor,
+cached by logging).
 """
 
 from __future__ import annotations
@@ -63,18 +67,17 @@ def note_call(
     seen: set, group: str, rank: int, size: int, collective: str, asked: str | None,
     algorithm: str, label: str, nbytes: int,
 ) -> None:  # fmt: skip
-    """At INFO, the algorithm each distinct call runs (once per group, collective, asked
-    name, choice and size); at DEBUG (DETAIL), every call. Callers check
-    LOGGER.isEnabledFor(logging.INFO) first, so that this costs nothing when off."""
+    """At DEBUG (PYCOLLECTIVE_DEBUG=DETAIL): the algorithm each distinct call runs (once
+    per group, collective, asked name, choice and size), and every call. Callers check
+    LOGGER.isEnabledFor(logging.DEBUG) first, so that this costs nothing when off."""
     key = (collective, asked, algorithm, nbytes)
     if key not in seen and len(seen) < _MAX_NOTED:
         seen.add(key)
         how = f"auto chose {algorithm}" if asked in (None, "auto") else f"{algorithm} (asked)"
-        LOGGER.info(
+        LOGGER.debug(
             "%s rank %d of %d: %s of %d bytes: %s", group, rank, size, collective, nbytes, how
         )
-    if LOGGER.isEnabledFor(logging.DEBUG):
-        LOGGER.debug("%s rank %d: %s", group, rank, label)
+    LOGGER.debug("%s rank %d: %s", group, rank, label)
 
 
 _MAX_NOTED = 4096  # distinct calls noted per group: a program of ever-new sizes stays bounded

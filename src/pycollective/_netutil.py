@@ -54,14 +54,30 @@ def address_towards(host: str) -> str:
             raise UsageError(f"cannot find a route to MASTER_ADDR={host!r}: {exc}") from None
 
 
-def listen_address(master_addr: str, multi_node: bool) -> tuple[str, str]:
-    """(bind address, advertised address) for this rank's transport listener."""
+def listen_address(master_addr: str | None, multi_node: bool) -> tuple[str, str]:
+    """(bind address, advertised address) for this rank's transport listener.
+
+    `master_addr` is where the job meets (MASTER_ADDR, the host of a tcp:// init address,
+    the host of the store; None when unknown). PYCOLLECTIVE_SOCKET_IFNAME names the
+    interface outright; else a job on one host listens on loopback, and any other on the
+    interface that routes to `master_addr`. A job that spans hosts with no such address
+    (none known, or a loopback one) is refused at once, naming the fix: a loopback address
+    advertised to other hosts would make their connections fail far from the cause."""
     ifname = _config.get("PYCOLLECTIVE_SOCKET_IFNAME")
     if ifname:
         addr = interface_address(ifname)
         return addr, addr
-    if is_loopback(master_addr) and not multi_node:
-        return "127.0.0.1", "127.0.0.1"
+    if master_addr is None or is_loopback(master_addr):
+        if not multi_node:
+            return "127.0.0.1", "127.0.0.1"
+        raise UsageError(
+            "this job spans hosts, but its rendezvous address is "
+            f"{'not known' if master_addr is None else repr(master_addr) + ' (loopback)'}, so "
+            "there is no interface to advertise to the other hosts: set "
+            "PYCOLLECTIVE_SOCKET_IFNAME=<the interface that reaches them> (e.g. eth0), or "
+            "rendezvous at a routable address of rank 0's host (MASTER_ADDR=<address>, or "
+            "init_method='tcp://<address>:<port>')"
+        )
     addr = address_towards(master_addr)
     return addr, addr
 

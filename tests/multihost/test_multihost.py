@@ -285,3 +285,37 @@ def test_a_node_with_another_secret_is_refused_and_the_job_fails(hosts, env):
     assert "AuthenticationError" in results[1].stderr, detail
     assert "key differs" in results[1].stderr and "PYCOLLECTIVE_SECRET" in results[1].stderr, detail
     assert re.search(r"CollectiveTimeout|StoreError|timed out", results[0].stderr), detail
+
+
+# --- tcp:// with no MASTER_ADDR (Ray Train's init_method="tcp") --------------------------------
+
+
+TCP_JOB = REPO / "tests" / "multihost" / "_tcp_job.py"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("which", ["torch", "pycollective"])
+def test_tcp_init_method_across_hosts_advertises_each_hosts_address(hosts, env, which):
+    """One rank a host, told only RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and the
+    tcp:// address: each rank advertises the interface that reaches the init address (it
+    advertised 127.0.0.1 before, and the job hung)."""
+    url = f"tcp://{hosts.addrs[0]}:{next(_port)}"
+    procs = []
+    for k in range(HOSTS):
+        rank_env = dict(env, RANK=str(k), WORLD_SIZE=str(HOSTS), LOCAL_RANK="0",
+                        LOCAL_WORLD_SIZE="1")  # fmt: skip
+        procs.append(
+            hosts.popen(k, [PYTHON, TCP_JOB, which, url], env=rank_env, cwd=REPO,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                        start_new_session=True)
+        )  # fmt: skip
+    results = finish(procs, 90)
+    detail = "\n".join(f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+                       for r in results)  # fmt: skip
+    assert all(r.returncode == 0 for r in results), detail
+    for k, r in enumerate(results):
+        m = re.search(r"TCPJOB (\{.*\})", r.stdout)
+        assert m, detail
+        rep = json.loads(m.group(1))
+        assert rep["rank"] == k and rep["sum"] == sum(range(1, HOSTS + 1)), rep
+        assert rep["peers"] == {str(p): hosts.addrs[p] for p in range(HOSTS) if p != k}, rep

@@ -428,6 +428,47 @@ def fsdp2(pg):
     return out
 
 
+def cpu_backend(pg):
+    """torch's own callers of pg._get_backend(cpu) and pg._device_types: DCP's broadcast of
+    a state dict from rank 0 (set_model_state_dict's broadcast_from_rank0 path, which picks
+    its device from _device_types), FSDP2 taking its communication buffers from the group
+    (set_allocate_memory_from_process_group_for_comm: _get_backend(cpu).supports_tensor_alloc),
+    and the collective time estimator (refuses both backends alike)."""
+    from torch.distributed._state_dict_utils import _broadcast_state_dict
+    from torch.distributed.distributed_c10d import _time_estimator
+    from torch.distributed.fsdp import fully_shard
+
+    global checks
+    cpu = torch.device("cpu")
+    backend = pg._get_backend(cpu)
+    assert cpu in pg._device_types, pg._device_types
+    assert backend.supports_tensor_alloc(cpu) is False
+    checks += 1
+    torch.manual_seed(4)
+    full = {"w": torch.randn(5, 3), "b": torch.randn(4), "step": 7} if RANK == 0 else {}
+    local = {"w": torch.zeros(5, 3), "b": torch.zeros(4), "step": 0}
+    _broadcast_state_dict(full, local, device=cpu, pg=pg)
+    mesh = DeviceMesh.from_group(pg, "cpu")
+    net = mlp(width=16)
+    for layer in net:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    net.set_allocate_memory_from_process_group_for_comm(True)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for x, y in batches(3):
+        opt.zero_grad()
+        F.mse_loss(net(x), y).backward()
+        opt.step()
+    try:
+        with _time_estimator(group=pg):
+            pass
+        estimator = "ran"
+    except NotImplementedError:
+        estimator = "not supported"
+    return {"broadcast": local, "fsdp2_group_memory": params(net), "estimator": estimator}
+
+
 def fsdp1(pg):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import MixedPrecision, ShardingStrategy, StateDictType
@@ -606,6 +647,7 @@ SCENARIOS: dict[str, tuple[Callable[..., Any], str, float]] = {
     "functional": (functional, "each", 0.0),
     "fsdp2": (fsdp2, "each", 0.0),
     "fsdp1": (fsdp1, "each", 0.0),
+    "cpu_backend": (cpu_backend, "each", 0.0),
     "tensor_parallel": (tensor_parallel, "each", 0.0),
     "pipelining": (pipelining, "each", 0.0),
     "dcp_cross": (dcp_cross, "both", 0.0),

@@ -3,8 +3,9 @@ process (tests/torch/clients_worker.py): FSDP2 (with a bf16 mixed-precision poli
 legacy FSDP, DTensor and tensor parallel, DCP cross-loading, pipelining, ZeRO, PowerSGD
 (plain and batched), Join both ways, DDP + find_unused_parameters + Join, a sparse
 embedding under DDP, functional collectives, batch_isend_irecv, every ProcessGroup call
-form; at 4 ranks a 2x2 mesh (DTensor, FSDP2 x TP) and new_subgroups. Two launches in all:
-each torch import costs seconds here."""
+form, torch's own callers of pg._get_backend(cpu) (cpu_backend); at 4 ranks a 2x2 mesh
+(DTensor, FSDP2 x TP) and new_subgroups. Two launches in all: each torch import costs
+seconds here."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ WORKER = REPO / "tests" / "torch" / "clients_worker.py"
 AT_2 = (
     "forms", "p2p", "lifetime", "join_both_ways", "ddp_unused_join", "powersgd", "sparse_ddp",
     "zero", "functional", "fsdp2", "fsdp1", "tensor_parallel", "pipelining", "dcp_cross",
+    "cpu_backend",
 )  # fmt: skip
 AT_4 = ("mesh2d", "subgroups")
 _runs: dict[int, list[RankResult]] = {}

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .. import _auth, _config, _launch_env, _log, schedule
+from .. import _auth, _config, _launch_env, _log, _netutil, schedule
 from .._errors import StoreError, UsageError
 from ..core import rendezvous
 from ..core.group import ProcessGroup, group_id_for
@@ -116,6 +116,12 @@ def init_process_group(
         )  # fmt: skip
         the_store = None
         creds = _auth.credentials() if world_size > 1 else None
+        meeting = rendezvous.meeting_host(init_method, env)
+        if world_size > 1 and rendezvous.etcd_url_of(init_method) is None:
+            # Refused here, before any rank waits on a store, when it spans hosts with no
+            # routable address to advertise (connect_world asks the same again). Ranks that
+            # meet in etcd route towards its endpoints instead (rendezvous.route_of).
+            _netutil.listen_address(meeting, env.multi_node)
         if world_size > 1:
             the_store = (
                 store
@@ -132,7 +138,7 @@ def init_process_group(
             )
             if store is not None and not hasattr(store, "close"):
                 the_store = rendezvous.TorchStoreAdapter(store)
-        master_addr, multi_node = rendezvous.route_of(the_store, env.master_addr, env.multi_node)
+        master_addr, multi_node = rendezvous.route_of(the_store, meeting, env.multi_node)
         try:
             world = rendezvous.connect_world(
                 rank,

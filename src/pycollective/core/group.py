@@ -240,7 +240,7 @@ class ProcessGroup:
         seq = self._seq
         self._seq = seq + 1
         header = _new_header(Header, prepared.head + (seq, 0) + prepared.tail)
-        if _log.LOGGER.isEnabledFor(logging.INFO):  # PYCOLLECTIVE_DEBUG=INFO|DETAIL
+        if _log.LOGGER.isEnabledFor(logging.DEBUG):  # PYCOLLECTIVE_DEBUG=DETAIL
             algo = prepared.algorithm
             label = f"{collective}#{seq}({algo}, {count} x {dtype.name})"
             _log.note_call(self._noted, self.group_name, self._rank, self.size(), collective,
@@ -331,7 +331,7 @@ class ProcessGroup:
             or flight is None
             or flight.timeline is not None
             or _WAIT.on
-            or _log.LOGGER.isEnabledFor(logging.INFO)
+            or _log.LOGGER.isEnabledFor(logging.DEBUG)
         ):
             prepared.fast = False
             return

@@ -103,13 +103,7 @@ def make_store(
         return JobStore(f"attempt{attempt}", store) if attempt else store
     host, port, store_host = env.master_addr, env.master_port, env.store_host
     if init_method and init_method.startswith("tcp://"):
-        hostport = init_method[len("tcp://") :].split("?")[0].rstrip("/")
-        host, _, port_text = hostport.rpartition(":")
-        host = host.strip("[]")
-        try:
-            port = int(port_text)
-        except ValueError:
-            raise UsageError(f"init_method {init_method!r} has no port") from None
+        host, port = tcp_init_address(init_method)
         store_host = "rank0"
     elif init_method and init_method != "env://":
         raise UsageError(
@@ -176,6 +170,24 @@ def route_of(store: Any, master_addr: str | None, multi_node: bool) -> tuple[str
     remote = not all(_netutil.is_loopback(h) for h in hosts)
     return master_addr or hosts[0], multi_node or remote
 
+def tcp_init_address(init_method: str) -> tuple[str, int]:
+    """(host, port) of init_method "tcp://host:port" (a bracketed IPv6 host too)."""
+    hostport = init_method[len("tcp://") :].split("?")[0].rstrip("/")
+    host, _, port_text = hostport.rpartition(":")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise UsageError(f"init_method {init_method!r} has no port") from None
+    return host.strip("[]"), port
+
+
+def meeting_host(init_method: str | None, env: _launch_env.LaunchEnv) -> str | None:
+    """Where the ranks of a job meet: the host of a tcp:// init_method, else MASTER_ADDR
+    (None when neither says). Each rank listens on the interface that routes there."""
+    if init_method and init_method.startswith("tcp://"):
+        return tcp_init_address(init_method)[0]
+    return env.master_addr
+
 
 class JobStore:
     """Our keys under the job's prefix (none: "") in a store it owns; closing closes the store
@@ -216,6 +228,7 @@ def connect_world(
     multi_node: bool = False,
     abort: Callable[[], str | None] | None = None,
     creds: _auth.Credentials | None = None,
+    secret: bytes | None = None,
 ) -> World:
     """Connect this rank to every other rank of a job and return the World, without
     touching the default group: the torch backend and the parameter server build their own.
@@ -224,17 +237,18 @@ def connect_world(
     in _TorchStoreAdapter); addresses go under `prefix`, which must be unique per world
     sharing that store. Every rank calls this with the same size and prefix. `abort`
     (see connect_mesh) may end the wait for peers early. `creds`: what the connections
-    prove (None: the job's key and TLS settings from the environment).
+    prove (None: `secret`, the job's when the caller knows it (a Ray job's:
+    pycollective._ray_job), else the job's key, with the environment's TLS settings).
     """
     check_environment()
     transport = None
     job = None
     if creds is None:
-        creds = _auth.credentials()
+        creds = _auth.credentials(secret)
     if isinstance(store, TorchStoreAdapter):
         store.sign(creds.key)  # a torch store lets anyone write: make forgeries show
     if size > 1:
-        bind, advertise = _netutil.listen_address(master_addr or "127.0.0.1", multi_node)
+        bind, advertise = _netutil.listen_address(master_addr, multi_node)
         t0 = time.monotonic()
         try:
             transport = connect_mesh(

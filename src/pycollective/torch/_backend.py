@@ -26,7 +26,7 @@ from torch._C._profiler import _RecordFunctionFast
 
 import torch
 
-from .. import _buffers, _config, _launch_env
+from .. import _buffers, _config, _launch_env, _ray_job
 from .._errors import CollectiveError, CollectiveTimeout, UsageError
 from .._reduce_ops import ReduceOp as _OurOp
 from .._reduce_ops import to_reduce_op
@@ -42,6 +42,7 @@ from . import _work
 from ._work import DoneWork, TorchWork, completed, torch_error
 
 BACKEND_NAME = "pycollective"
+_CPU = torch.device("cpu")
 _VIEWS_KEPT = 16  # a group's tensor views for synchronous calls (_sync_view)
 
 _instances = itertools.count()
@@ -277,7 +278,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
         seconds = _config.timeout_seconds(seconds if seconds and seconds > 0 else None)
         adapter = rendezvous.TorchStoreAdapter(store, "", "torch's c10d store")
-        master_addr, multi_node = _where()
+        master_addr, multi_node = _where(store)
         self._world: World = rendezvous.connect_world(
             rank,
             size,
@@ -286,6 +287,9 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
             f"pycollective-backend/{next(_instances)}",
             master_addr=master_addr,
             multi_node=multi_node,
+            # A Ray job's workers (Ray Train's) prove the Ray job's secret: the runtime
+            # env's PYCOLLECTIVE_SECRET, else the one the job keeps in Ray's KV.
+            secret=_ray_job.job_secret() if _ray_job.ray_worker() is not None else None,
         )
         self._world.owns_store = False  # torch owns its store
         ranks = tuple(range(size))
@@ -318,6 +322,36 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
 
     def __repr__(self) -> str:
         return f"<PycollectiveProcessGroup rank={self.rank()} size={self.size()}>"
+
+    # ------------------------------------------------------------------ per-device backend
+
+    # torch's code asks a group for its backend on a device (FSDP2's allocation from the
+    # group, _set_pg_timeout, shrink_group, the time estimator) and for the devices it has
+    # one for (DCP's broadcast from rank 0 indexes _device_types). gloo's group answers for
+    # "cpu" with the ProcessGroupGloo registered there. torch takes the ProcessGroup a
+    # creator returns as the group itself, and a c10d Backend cannot be made in Python, so
+    # this group is its own CPU backend: it answers for "cpu" with itself, and for any other
+    # device as torch does for a device with no backend.
+
+    @property
+    def _device_types(self) -> list[torch.device]:
+        return [_CPU]
+
+    def _get_backend(self, device: torch.device | str) -> PycollectiveProcessGroup:
+        kind = torch.device(device).type
+        if kind != "cpu":
+            raise RuntimeError(f"No backend type associated with device type {kind}")
+        return self
+
+    # What torch's callers ask of a Backend: none of these is offered.
+    supports_splitting = False
+    supports_coalescing = False
+    supports_shrinking = False
+    supports_time_estimate = False
+
+    def supports_tensor_alloc(self, device: torch.device | str) -> bool:
+        """No memory of the group's own: callers fall back to torch.empty."""
+        return False
 
     @property
     def pycollective_group(self) -> _OurGroup:
@@ -834,15 +868,32 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         return self._work([work], staged.finish(), tensors)
 
 
-def _where() -> tuple[str | None, bool]:
-    """Where rank 0 is and whether the job spans hosts (from the launcher's environment):
-    a single-host job listens on loopback only, a multi-host one on the interface that
-    routes to MASTER_ADDR."""
+def _where(store: Any) -> tuple[str | None, bool]:
+    """Where the job meets and whether it spans hosts. The meeting place is the host of
+    torch's TCPStore under `store` (what env:// and tcp:// connect to: a tcp:// job sets
+    no MASTER_ADDR, as Ray Train's init_method="tcp" does not), else MASTER_ADDR; whether it
+    spans hosts is the launcher's word (RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, ...). A
+    single-host job listens on loopback only, a multi-host one on the interface that routes
+    to the meeting place (_netutil.listen_address)."""
     try:
         env = _launch_env.detect()
     except UsageError:
-        return None, False
-    return env.master_addr, env.multi_node
+        env = None
+    host = _tcpstore_host(store)
+    if host is None and env is not None:
+        host = env.master_addr
+    return host, env is not None and env.multi_node
+
+
+def _tcpstore_host(store: Any) -> str | None:
+    """The host of the TCPStore inside torch's PrefixStores, if there is one."""
+    for _ in range(16):
+        if isinstance(store, tdist.TCPStore):
+            return store.host
+        store = getattr(store, "underlying_store", None)
+        if store is None:
+            return None
+    return None
 
 
 def create_backend(
