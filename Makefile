@@ -21,7 +21,7 @@ APT_SMALL := slurmctld slurmd slurm-client munge etcd-server
 setup: $(STAMP)
 
 # The C sources too: `make setup` rebuilds pycollective._native after they change.
-$(STAMP): pyproject.toml setup.py $(wildcard src/pycollective/_native/*.[ch])
+$(STAMP): pyproject.toml setup.py $(wildcard csrc/*.[ch])
 	@$(MAKE) --no-print-directory system-deps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -58,7 +58,7 @@ RAY_STAMP := $(RAY_VENV)/.installed
 
 setup-ray: $(RAY_STAMP)
 
-$(RAY_STAMP): pyproject.toml setup.py $(wildcard src/pycollective/_native/*.[ch])
+$(RAY_STAMP): pyproject.toml setup.py $(wildcard csrc/*.[ch])
 	@$(MAKE) --no-print-directory system-deps
 	test -x $(RAY_PY) || $(PYTHON) -m venv $(RAY_VENV)
 	$(RAY_PY) -m pip install --quiet --upgrade pip

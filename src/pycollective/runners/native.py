@@ -3,7 +3,7 @@
 It is registered ahead of the Python ArenaRunner and builds on it (`need`): the segment,
 the set-up exchange, the announcements and the error semantics (deadline, dead peers,
 abort notices, mismatches) are the Python runner's LocalGroup's; what runs compiled is
-the call itself (shm/native.py, _native/module.c): announce, copy in, phases, fused
+the call itself (shm/native.py, csrc/arena.c): announce, copy in, phases, fused
 reductions in rank order, copy out. Both compute the same bits with the same phases and
 buffers, so the two runners are interchangeable rank by rank; `PYCOLLECTIVE_NATIVE=0` or
 a missing extension (one warning) leaves the Python runner in its place.

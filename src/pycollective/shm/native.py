@@ -5,7 +5,7 @@ The extension works on the same segment, control words and buffers as arena.py a
 collectives.py (same phases, same buffers, same share boundaries, the same fused
 reductions in rank order), so its results are those of the Python arena bit for bit, and
 a rank running one path meets a rank running the other in the same call. A call runs in C
-until it is done or needs Python (see _native/module.c): about every millisecond of
+until it is done or needs Python (see csrc/arena.h): about every millisecond of
 waiting (`poll`: deadline, abort notices, lost peers, exactly as the Python arena polls),
 when a peer's announcement differs from ours after the first wait (`check`: the caller
 decides whether that is a mismatch and words it), and when every rank's buffer may be
@@ -27,18 +27,13 @@ from .arena import NBUF, Arena, affinity, layout
 
 try:
     from .. import _native
-
-    if getattr(_native, "__file__", None) is None:
-        # Not built, but its C sources' folder (pycollective/_native/) is there, and
-        # Python imports a folder without __init__.py as an empty namespace package.
-        raise ImportError("the extension is not built (only its C sources were found)")
 except ImportError as exc:  # not built: the Python arena runs
     _native = None  # type: ignore[assignment]
     _MISSING = f"{exc}"
 else:
     _MISSING = ""
 
-# Codes of the collectives the extension runs (module.c's C_* values).
+# Codes of the collectives the extension runs (csrc/native.h's C_* values).
 CODE = {
     "all_reduce": 0,
     "reduce": 1,
@@ -47,7 +42,7 @@ CODE = {
     "reduce_scatter": 4,
     "barrier": 5,
 }
-DONE, PENDING, CHECK, VIEWS = 0, 1, 2, 3  # what Arena.run and resume return (module.c)
+DONE, PENDING, CHECK, VIEWS = 0, 1, 2, 3  # what Arena.run and resume return (csrc/arena.h)
 BUDGET_NS = 1_000_000  # how long C waits before handing back to Python for a poll
 # Calls at least this large copy results into the caller's buffer with non-temporal stores
 # (they skip reading the destination in first: twice as fast from and to DRAM here, slower
@@ -164,7 +159,7 @@ class NativeArena:
         recheck_seconds: float,
     ) -> object:
         """A group's compiled path of repeated calls over this arena (_native.Fast; see
-        module.c): calls that wait past BUDGET_NS are handed to `finish`."""
+        csrc/callpath.c): calls that wait past BUDGET_NS are handed to `finish`."""
         return _native.Fast(
             self.c, group, engine, recorder, entry_type, finish, running, completed,
             int(recheck_seconds * 1e9), BUDGET_NS,
