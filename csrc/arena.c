@@ -8,12 +8,12 @@
 
 static inline char *slot(ArenaObject *a, int64_t buf, int q)
 {
-    return a->data + ((size_t)(buf % a->nbuf) * a->size + q) * (size_t)a->slot_bytes;
+    return a->data + ((size_t)(buf % a->nbuf) * (size_t)a->size + (size_t)q) * (size_t)a->slot_bytes;
 }
 
 static inline char *region(ArenaObject *a, int64_t buf)
 {
-    return a->data + (size_t)(buf % a->nbuf) * a->size * (size_t)a->slot_bytes;
+    return a->data + (size_t)(buf % a->nbuf) * (size_t)a->size * (size_t)a->slot_bytes;
 }
 
 static inline int64_t take(ArenaObject *a, int64_t n)
@@ -116,7 +116,7 @@ static void rd_copy_in(ArenaObject *a, call_t *c, int64_t s, int64_t buf)
     int64_t lo = cut(m, a->size, a->rank, isz), hi = cut(m, a->size, a->rank + 1, isz);
     char *mine = slot(a, buf, a->rank);
     copy(a, mine, chunk, (size_t)lo * isz); /* the others' shares; mine is reduced from `chunk` */
-    copy(a, mine + hi * isz, chunk + hi * isz, (size_t)(m - hi) * isz);
+    copy(a, mine + (size_t)hi * isz, chunk + (size_t)hi * isz, (size_t)(m - hi) * isz);
 }
 
 static void rd_reduce_share(ArenaObject *a, call_t *c, int64_t s, int64_t buf)
@@ -130,11 +130,11 @@ static void rd_reduce_share(ArenaObject *a, call_t *c, int64_t s, int64_t buf)
         return;
     const void *srcs[MAX_RANKS];
     for (int q = 0; q < p; q++)
-        srcs[q] = q == r ? chunk + lo * isz : slot(a, buf, q) + lo * isz;
-    char *mine = slot(a, buf, r) + lo * isz;
+        srcs[q] = q == r ? chunk + (size_t)lo * isz : slot(a, buf, q) + (size_t)lo * isz;
+    char *mine = slot(a, buf, r) + (size_t)lo * isz;
     reduce_into(a, c, mine, srcs, hi - lo);
     if (c->writes)
-        copy_out(a, c, chunk + lo * isz, mine, (size_t)(hi - lo) * isz);
+        copy_out(a, c, chunk + (size_t)lo * isz, mine, (size_t)(hi - lo) * isz);
 }
 
 static void rd_copy_out(ArenaObject *a, call_t *c, int64_t s, int64_t buf)
@@ -147,7 +147,7 @@ static void rd_copy_out(ArenaObject *a, call_t *c, int64_t s, int64_t buf)
             continue;
         int64_t lo = cut(m, a->size, q, isz), hi = cut(m, a->size, q + 1, isz);
         if (hi > lo)
-            copy_out(a, c, chunk + lo * isz, slot(a, buf, q) + lo * isz, (size_t)(hi - lo) * isz);
+            copy_out(a, c, chunk + (size_t)lo * isz, slot(a, buf, q) + (size_t)lo * isz, (size_t)(hi - lo) * isz);
     }
 }
 
@@ -166,9 +166,9 @@ static int run_direct(ArenaObject *a, call_t *c, int64_t end)
                 if (hi > lo) {
                     const void *srcs[MAX_RANKS];
                     for (int q = 0; q < p; q++)
-                        srcs[q] = c->views[q] + lo * isz;
+                        srcs[q] = c->views[q] + (size_t)lo * isz;
                     char *dst = c->views[c->plan.root < 0 ? r : c->plan.root];
-                    reduce_into(a, c, dst + lo * isz, srcs, hi - lo);
+                    reduce_into(a, c, dst + (size_t)lo * isz, srcs, hi - lo);
                 }
             }
             if (c->s >= 1) {
@@ -178,7 +178,7 @@ static int run_direct(ArenaObject *a, call_t *c, int64_t end)
                     for (int q = 0; q < p; q++) {
                         int64_t lo = lo0 + cut(m, p, q, isz), hi = lo0 + cut(m, p, q + 1, isz);
                         if (q != r && hi > lo)
-                            copy_out(a, c, c->views[r] + lo * isz, c->views[q] + lo * isz,
+                            copy_out(a, c, c->views[r] + (size_t)lo * isz, c->views[q] + (size_t)lo * isz,
                                      (size_t)(hi - lo) * isz);
                     }
                 }
@@ -263,13 +263,13 @@ static void pl_put(ArenaObject *a, call_t *c, int64_t s, int64_t buf)
     switch (c->plan.coll) {
     case C_BROADCAST:
         if (r == c->plan.root)
-            copy(a, region(a, buf), c->out + lo * isz, (size_t)m * isz);
+            copy(a, region(a, buf), c->out + (size_t)lo * isz, (size_t)m * isz);
         break;
     case C_ALL_GATHER:
-        copy(a, slot(a, buf, r), c->in + lo * isz, (size_t)m * isz);
+        copy(a, slot(a, buf, r), c->in + (size_t)lo * isz, (size_t)m * isz);
         /* my own block of the output, chunk by chunk while the input is in cache (and
          * while the peers catch up), instead of all of it before the first phase */
-        copy_out(a, c, c->out + (size_t)(r * c->n + lo) * isz, c->in + lo * isz, (size_t)m * isz);
+        copy_out(a, c, c->out + (size_t)(r * c->n + lo) * isz, c->in + (size_t)lo * isz, (size_t)m * isz);
         break;
     case C_REDUCE_SCATTER: {
         char *mine = slot(a, buf, r);
@@ -290,7 +290,7 @@ static void pl_get(ArenaObject *a, call_t *c, int64_t s, int64_t buf)
     switch (c->plan.coll) {
     case C_BROADCAST:
         if (r != c->plan.root)
-            copy_out(a, c, c->out + lo * isz, region(a, buf), (size_t)m * isz);
+            copy_out(a, c, c->out + (size_t)lo * isz, region(a, buf), (size_t)m * isz);
         break;
     case C_ALL_GATHER:
         for (int q = 0; q < p; q++)
@@ -303,7 +303,7 @@ static void pl_get(ArenaObject *a, call_t *c, int64_t s, int64_t buf)
         for (int q = 0; q < p; q++)
             srcs[q] = q == r ? c->in + (size_t)(r * c->n + lo) * isz
                              : slot(a, buf, q) + (size_t)(r * m) * isz;
-        reduce_into(a, c, c->out + lo * isz, srcs, m);
+        reduce_into(a, c, c->out + (size_t)lo * isz, srcs, m);
         break;
     }
     }
@@ -311,7 +311,7 @@ static void pl_get(ArenaObject *a, call_t *c, int64_t s, int64_t buf)
 
 static int run_pipeline(ArenaObject *a, call_t *c, int64_t end)
 {
-    const int p = a->size, r = a->rank;
+    const int p = a->size;
     const size_t isz = c->plan.itemsize;
     switch (c->pc) {
     case 0:

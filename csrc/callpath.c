@@ -387,7 +387,7 @@ static PyObject *fast_call(FastObject *f, int coll, PyObject *obj, PyObject *key
             PyErr_Clear();
             Py_RETURN_FALSE;
         }
-        if (!(t0 * 1e-9 - checked < f->recheck_ns * 1e-9))
+        if (!((double)t0 * 1e-9 - checked < (double)f->recheck_ns * 1e-9))
             Py_RETURN_FALSE; /* time to read the transport for abort notices: Python does */
     }
 
@@ -438,7 +438,7 @@ static PyObject *fast_call(FastObject *f, int coll, PyObject *obj, PyObject *key
         goto error;
     Py_CLEAR(nextseq);
     Py_CLEAR(nextid);
-    PyObject *started = PyFloat_FromDouble(t0 * 1e-9);
+    PyObject *started = PyFloat_FromDouble((double)t0 * 1e-9);
     if (!started)
         goto error;
     if (entry) {
@@ -466,7 +466,7 @@ static PyObject *fast_call(FastObject *f, int coll, PyObject *obj, PyObject *key
     int rc = pyc_step(a, f->budget_ns);
     if (rc == ST_DONE) {
         if (entry) {
-            PyObject *ended = PyFloat_FromDouble(now_ns() * 1e-9);
+            PyObject *ended = PyFloat_FromDouble((double)now_ns() * 1e-9);
             slot_put(entry, f->off[E_STATE], Py_NewRef(f->completed));
             slot_put(entry, f->off[E_ENDED], ended ? ended : Py_NewRef(started));
             PyErr_Clear();

@@ -33,9 +33,11 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "pycollective._native",
-    "The compiled core of pycollective's shared-memory arena (see shm/native.py).", -1,
-    module_methods,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "pycollective._native",
+    .m_doc = "The compiled core of pycollective's shared-memory arena (see shm/native.py).",
+    .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC PyInit__native(void)

@@ -18,24 +18,24 @@ static inline void cpu_relax(void)
 #endif
 }
 
-static void futex_wait(int64_t *word, uint32_t expected, int64_t timeout_ns)
+static void futex_wait(int64_t *w, uint32_t expected, int64_t timeout_ns)
 {
 #if defined(__linux__) && defined(SYS_futex)
     struct timespec ts = {(time_t)(timeout_ns / 1000000000LL), (long)(timeout_ns % 1000000000LL)};
-    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, expected, &ts, NULL, 0);
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, expected, &ts, NULL, 0);
 #else
-    (void)word; (void)expected;
+    (void)w; (void)expected;
     struct timespec ts = {0, timeout_ns < 200000 ? (long)timeout_ns : 200000L};
     nanosleep(&ts, NULL);
 #endif
 }
 
-static void futex_wake(int64_t *word)
+static void futex_wake(int64_t *w)
 {
 #if defined(__linux__) && defined(SYS_futex)
-    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 #else
-    (void)word;
+    (void)w;
 #endif
 }
 
