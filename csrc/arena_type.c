@@ -48,12 +48,13 @@ static PyObject *Arena_run(ArenaObject *a, PyObject *const *args, Py_ssize_t nar
         /* Which buffers this rank writes: reduce's non-roots and broadcast's root only read. */
         int writes = !((coll == C_REDUCE && plan->root != r) ||
                        (coll == C_BROADCAST && plan->root == r));
-        if (pyc_get_buffer(args[2], &vout, writes, coll >= C_ALL_GATHER ? "output" : "data") < 0)
+        int gathers = coll == C_ALL_GATHER || coll == C_REDUCE_SCATTER;
+        if (pyc_get_buffer(args[2], &vout, writes, gathers ? "output" : "data") < 0)
             return NULL;
         out = vout.buf;
         Py_ssize_t outlen = vout.len;
         PyBuffer_Release(&vout);
-        if (coll == C_ALL_GATHER || coll == C_REDUCE_SCATTER) {
+        if (gathers) {
             if (pyc_get_buffer(args[1], &vin, 0, "input") < 0)
                 return NULL;
             in = vin.buf;

@@ -5,6 +5,7 @@
 
 #include "arena.h"
 #include "arena_type.h"
+#include "callstate.h"
 #include "plan.h"
 
 /* A group's compiled per-call path (core/group.py `fast`, runners/native.py). The first
@@ -12,17 +13,19 @@
  * succeeds, the group registers the signature here (`add`): the buffer's type, format and
  * length, the op or root object as the caller passed it (held, compared by identity), the
  * compiled Plan and the flight-recorder fields of the call. A later call with the same
- * signature then goes from the API function straight to `call`, which does what
- * ProcessGroup.run_collective does, in C: the group is usable and the transport was
- * checked less than a millisecond ago (else it returns False and the caller runs the
- * Python path, which checks it), the engine is idle (its lock is held for the call, so no
- * other thread can start one), the sequence number, the flight-recorder entry (written
+ * signature then goes from the API function straight to `callpath_run`, which does what
+ * ProcessGroup.run_collective does, in C, on the group's and the engine's C-owned state
+ * (callstate.h: no attribute is looked up by name, so no rename on the Python side can
+ * turn this path off unnoticed): the group is usable and the transport was checked less
+ * than a millisecond ago (else it returns False and the caller runs the Python path,
+ * which checks it), the engine is idle (its lock is held for the call, so no other
+ * thread can start one), the sequence number, the flight-recorder entry (written
  * into the ring's preallocated Entry, field by field at the offsets of its __slots__),
  * the announcement and the compiled collective. A call that is done returns True. One that
  * needs Python (a wait past the budget, a peer's differing announcement) is handed to
  * `finish(prepared, seq, entry, status, started)`: the engine is marked running by this
  * thread and unlocked first, and `finish` resumes the call with the Python runner's polls
- * and checks and raises exactly as the Python path would. Anything the fast path does
+ * and checks and raises exactly as the Python path would. Anything this path does
  * not know returns False before it touches anything. */
 
 static const char *const entry_fields[] = {
@@ -33,7 +36,17 @@ static const char *const entry_fields[] = {
 enum { E_ID, E_SEQ, E_STATE, E_ISSUED, E_STARTED, E_ENDED, E_ERROR, E_CULPRITS, E_STATIC,
        E_COUNT = (int)(sizeof entry_fields / sizeof *entry_fields) };
 #define E_NSTATIC (E_COUNT - E_STATIC)
-#define FAST_SIGS 16
+#define PATH_SIGS 16
+/* The collectives this path repeats, and their rows of the signature table. */
+enum { ROW_ALL_REDUCE, ROW_BROADCAST, ROW_BARRIER, PATH_ROWS };
+
+static inline int sig_row(int coll)
+{
+    return coll == C_ALL_REDUCE ? ROW_ALL_REDUCE
+         : coll == C_BROADCAST  ? ROW_BROADCAST
+         : coll == C_BARRIER    ? ROW_BARRIER
+                                : -1;
+}
 #define FORMAT_CHARS 8
 
 typedef struct {
@@ -45,12 +58,14 @@ typedef struct {
     Py_ssize_t len;
     int writes;
     char format[FORMAT_CHARS];
-} fast_sig;
+} call_sig;
 
 typedef struct {
     PyObject_HEAD
     ArenaObject *arena;
-    PyObject *group, *world, *engine, *acquire, *release, *recorder, *ring, *finish;
+    GroupStateObject *group;   /* the group's state: usable, polled, checked, its seq */
+    EngineStateObject *engine; /* its engine's: idle, and its lock */
+    PyObject *acquire, *release, *recorder, *ring, *finish;
     PyObject *entry_type, *running, *completed, *empty_str, *empty_tuple, *zero;
     Py_ssize_t capacity;
     Py_ssize_t off[E_COUNT];
@@ -58,15 +73,13 @@ typedef struct {
     int64_t calls;  /* calls this path ran (tests, benchmarks) */
     int64_t handed; /* of which handed to `finish` */
     int nsig, evict;
-    fast_sig sig[C_COUNT][FAST_SIGS];
-    int count[C_COUNT];
-} FastObject;
+    call_sig sig[PATH_ROWS][PATH_SIGS];
+    int count[PATH_ROWS];
+} CallPathObject;
 
-static PyObject *s_seq, *s_failed, *s_polled, *s_checked_at, *s_closed, *s_queue, *s_running,
-    *s_stopped, *s_p2p, *s_owner, *s_next, *s_lock, *s_ring, *s_capacity, *s_world,
-    *s_acquire, *s_release;
+static PyObject *s_next, *s_ring, *s_capacity, *s_acquire, *s_release;
 
-static void sig_clear(fast_sig *g)
+static void sig_clear(call_sig *g)
 {
     Py_CLEAR(g->type);
     Py_CLEAR(g->key);
@@ -76,11 +89,10 @@ static void sig_clear(fast_sig *g)
         Py_CLEAR(g->fields[i]);
 }
 
-static int Fast_traverse(FastObject *f, visitproc visit, void *arg)
+static int CallPath_traverse(CallPathObject *f, visitproc visit, void *arg)
 {
     Py_VISIT(f->arena);
     Py_VISIT(f->group);
-    Py_VISIT(f->world);
     Py_VISIT(f->engine);
     Py_VISIT(f->acquire);
     Py_VISIT(f->release);
@@ -88,9 +100,9 @@ static int Fast_traverse(FastObject *f, visitproc visit, void *arg)
     Py_VISIT(f->ring);
     Py_VISIT(f->finish);
     Py_VISIT(f->entry_type);
-    for (int k = 0; k < C_COUNT; k++)
+    for (int k = 0; k < PATH_ROWS; k++)
         for (int i = 0; i < f->count[k]; i++) {
-            fast_sig *g = &f->sig[k][i];
+            call_sig *g = &f->sig[k][i];
             Py_VISIT(g->type);
             Py_VISIT(g->key);
             Py_VISIT(g->plan);
@@ -101,11 +113,10 @@ static int Fast_traverse(FastObject *f, visitproc visit, void *arg)
     return 0;
 }
 
-static int Fast_clear(FastObject *f)
+static int CallPath_clear(CallPathObject *f)
 {
     Py_CLEAR(f->arena);
     Py_CLEAR(f->group);
-    Py_CLEAR(f->world);
     Py_CLEAR(f->engine);
     Py_CLEAR(f->acquire);
     Py_CLEAR(f->release);
@@ -118,7 +129,7 @@ static int Fast_clear(FastObject *f)
     Py_CLEAR(f->empty_str);
     Py_CLEAR(f->empty_tuple);
     Py_CLEAR(f->zero);
-    for (int k = 0; k < C_COUNT; k++) {
+    for (int k = 0; k < PATH_ROWS; k++) {
         for (int i = 0; i < f->count[k]; i++)
             sig_clear(&f->sig[k][i]);
         f->count[k] = 0;
@@ -127,34 +138,35 @@ static int Fast_clear(FastObject *f)
     return 0;
 }
 
-static void Fast_dealloc(FastObject *f)
+static void CallPath_dealloc(CallPathObject *f)
 {
     PyObject_GC_UnTrack(f);
-    Fast_clear(f);
+    CallPath_clear(f);
     Py_TYPE(f)->tp_free((PyObject *)f);
 }
 
-/* Fast(arena, group, engine, recorder, entry_type, finish, running, completed,
- *      recheck_ns, budget_ns) */
-static int Fast_init(FastObject *f, PyObject *args, PyObject *kwds)
+/* CallPath(arena, group_state, engine_state, recorder, entry_type, finish, running,
+ *          completed, recheck_ns, budget_ns) */
+static int CallPath_init(CallPathObject *f, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"arena", "group", "engine", "recorder", "entry_type", "finish",
-                             "running", "completed", "recheck_ns", "budget_ns", NULL};
+    static char *kwlist[] = {"arena", "group_state", "engine_state", "recorder", "entry_type",
+                             "finish", "running", "completed", "recheck_ns", "budget_ns", NULL};
     PyObject *arena, *group, *engine, *recorder, *entry_type, *finish, *running, *completed;
     long long recheck_ns, budget_ns;
     if (f->arena) {
-        PyErr_SetString(PyExc_RuntimeError, "Fast is already initialised");
+        PyErr_SetString(PyExc_RuntimeError, "CallPath is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOO!OUULL", kwlist, &ArenaType, &arena,
-                                     &group, &engine, &recorder, &PyType_Type, &entry_type,
-                                     &finish, &running, &completed, &recheck_ns, &budget_ns))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!OO!OUULL", kwlist, &ArenaType, &arena,
+                                     &GroupStateType, &group, &EngineStateType, &engine,
+                                     &recorder, &PyType_Type, &entry_type, &finish, &running,
+                                     &completed, &recheck_ns, &budget_ns))
         return -1;
     f->recheck_ns = recheck_ns;
     f->budget_ns = budget_ns;
     f->arena = (ArenaObject *)Py_NewRef(arena);
-    f->group = Py_NewRef(group);
-    f->engine = Py_NewRef(engine);
+    f->group = (GroupStateObject *)Py_NewRef(group);
+    f->engine = (EngineStateObject *)Py_NewRef(engine);
     f->finish = Py_NewRef(finish);
     f->entry_type = Py_NewRef(entry_type);
     f->running = Py_NewRef(running);
@@ -164,14 +176,12 @@ static int Fast_init(FastObject *f, PyObject *args, PyObject *kwds)
     f->zero = PyFloat_FromDouble(0.0);
     if (!f->empty_str || !f->empty_tuple || !f->zero)
         return -1;
-    if (!(f->world = PyObject_GetAttr(group, s_world)))
+    if (!f->engine->lock || !PyList_Check(f->engine->deferred)) {
+        PyErr_SetString(PyExc_TypeError, "CallPath: the engine state is not initialised");
         return -1;
-    PyObject *lock = PyObject_GetAttr(engine, s_lock);
-    if (!lock)
-        return -1;
-    f->acquire = PyObject_GetAttr(lock, s_acquire);
-    f->release = PyObject_GetAttr(lock, s_release);
-    Py_DECREF(lock);
+    }
+    f->acquire = PyObject_GetAttr(f->engine->lock, s_acquire);
+    f->release = PyObject_GetAttr(f->engine->lock, s_release);
     if (!f->acquire || !f->release)
         return -1;
     f->capacity = 0;
@@ -186,7 +196,7 @@ static int Fast_init(FastObject *f, PyObject *args, PyObject *kwds)
         if (!(f->ring = PyObject_GetAttr(recorder, s_ring)))
             return -1;
         if (!PyList_CheckExact(f->ring) || PyList_GET_SIZE(f->ring) != f->capacity) {
-            PyErr_SetString(PyExc_TypeError, "Fast: the recorder's ring must be a list of capacity entries");
+            PyErr_SetString(PyExc_TypeError, "CallPath: the recorder's ring must be a list of capacity entries");
             return -1;
         }
         f->recorder = Py_NewRef(recorder);
@@ -202,7 +212,7 @@ static int Fast_init(FastObject *f, PyObject *args, PyObject *kwds)
             f->off[i] = ((PyMemberDescrObject *)d)->d_member->offset;
         Py_DECREF(d);
         if (!ok) {
-            PyErr_Format(PyExc_TypeError, "Fast: %s is not a slot of the entry type",
+            PyErr_Format(PyExc_TypeError, "CallPath: %s is not a slot of the entry type",
                          entry_fields[i]);
             return -1;
         }
@@ -236,7 +246,7 @@ static int buffer_of(PyObject *obj, Py_buffer *v)
 /* add(obj, key, plan, prepared, entry) -> bool: register a signature (obj: the buffer of the
  * call, None for a barrier; entry: its flight-recorder entry, for the fields every call of
  * it shares). */
-static PyObject *Fast_add(FastObject *f, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *CallPath_add(CallPathObject *f, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "add(obj, key, plan, prepared, entry)");
@@ -250,12 +260,12 @@ static PyObject *Fast_add(FastObject *f, PyObject *const *args, Py_ssize_t nargs
     PlanObject *plan = (PlanObject *)args[2];
     if (!f->arena)
         Py_RETURN_FALSE;
-    int coll = plan->coll;
-    if (coll != C_ALL_REDUCE && coll != C_BROADCAST && coll != C_BARRIER)
+    int coll = plan->coll, row = sig_row(coll);
+    if (row < 0)
         Py_RETURN_FALSE;
     if (f->capacity && !Py_IS_TYPE(entry, (PyTypeObject *)f->entry_type))
         Py_RETURN_FALSE;
-    fast_sig g = {0};
+    call_sig g = {0};
     if (coll != C_BARRIER) {
         Py_buffer v;
         if (buffer_of(obj, &v) < 0)
@@ -271,17 +281,17 @@ static PyObject *Fast_add(FastObject *f, PyObject *const *args, Py_ssize_t nargs
             Py_RETURN_FALSE;
         g.writes = !(coll == C_BROADCAST && plan->root == f->arena->rank);
     }
-    fast_sig *list = f->sig[coll];
+    call_sig *list = f->sig[row];
     int i = 0;
-    while (i < f->count[coll] && !(list[i].type == (PyObject *)Py_TYPE(obj) && list[i].key == key &&
+    while (i < f->count[row] && !(list[i].type == (PyObject *)Py_TYPE(obj) && list[i].key == key &&
                                    list[i].len == g.len && !strcmp(list[i].format, g.format)))
         i++;
-    if (i == FAST_SIGS) { /* full: replace one, round robin */
+    if (i == PATH_SIGS) { /* full: replace one, round robin */
         i = f->evict;
-        f->evict = (f->evict + 1) % FAST_SIGS;
+        f->evict = (f->evict + 1) % PATH_SIGS;
     }
-    if (i == f->count[coll])
-        f->count[coll]++;
+    if (i == f->count[row])
+        f->count[row]++;
     else
         sig_clear(&list[i]);
     g.type = Py_NewRef((PyObject *)Py_TYPE(obj));
@@ -294,36 +304,7 @@ static PyObject *Fast_add(FastObject *f, PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_TRUE;
 }
 
-/* The attribute `name` of `obj` is `want` (identity); -1 on error (cleared: 0). */
-static inline int attr_is(PyObject *obj, PyObject *name, PyObject *want)
-{
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (!v) {
-        PyErr_Clear();
-        return 0;
-    }
-    int is = v == want;
-    Py_DECREF(v);
-    return is;
-}
-
-static inline int attr_false(PyObject *obj, PyObject *name)
-{
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (!v) {
-        PyErr_Clear();
-        return 0;
-    }
-    int t = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    if (t < 0) {
-        PyErr_Clear();
-        return 0;
-    }
-    return !t;
-}
-
-static inline void unlock(FastObject *f)
+static inline void unlock(CallPathObject *f)
 {
     PyObject *r = PyObject_CallNoArgs(f->release);
     if (r)
@@ -332,14 +313,14 @@ static inline void unlock(FastObject *f)
         PyErr_WriteUnraisable(f->release);
 }
 
-static PyObject *fast_call(FastObject *f, int coll, PyObject *obj, PyObject *key)
+static PyObject *callpath_run(CallPathObject *f, int coll, PyObject *obj, PyObject *key)
 {
     ArenaObject *a = f->arena;
     if (!a || !a->ctrl || a->c.pc >= 0)
         Py_RETURN_FALSE; /* released, or a call left half done: the Python path knows */
-    fast_sig *g = NULL;
-    fast_sig *list = f->sig[coll];
-    const int nsig = f->count[coll];
+    call_sig *g = NULL;
+    call_sig *list = f->sig[sig_row(coll)];
+    const int nsig = f->count[sig_row(coll)];
     char *buf = NULL;
     PyObject *tp = (PyObject *)Py_TYPE(obj);
     if (coll == C_BARRIER) {
@@ -356,7 +337,7 @@ static PyObject *fast_call(FastObject *f, int coll, PyObject *obj, PyObject *key
             Py_RETURN_FALSE;
         const char *fmt = v.format ? v.format : "B";
         for (; i < nsig; i++) {
-            fast_sig *s = &list[i];
+            call_sig *s = &list[i];
             if (s->key == key && s->type == tp && s->len == v.len && !strcmp(s->format, fmt) &&
                 !(s->writes && v.readonly)) {
                 g = s;
@@ -369,27 +350,15 @@ static PyObject *fast_call(FastObject *f, int coll, PyObject *obj, PyObject *key
     if (!g)
         Py_RETURN_FALSE;
 
-    /* The group's state, as run_collective checks it. */
-    PyObject *group = f->group;
-    if (!attr_is(group, s_failed, Py_None) || !attr_is(f->world, s_closed, Py_False) ||
-        !attr_is(group, s_polled, Py_True))
+    /* The group's state, as run_collective checks it (a destroyed world's engine is
+     * stopped: close_world). */
+    GroupStateObject *group = f->group;
+    EngineStateObject *engine = f->engine;
+    if ((group->failed && group->failed != Py_None) || engine->stopped || !group->polled)
         Py_RETURN_FALSE;
     int64_t t0 = now_ns();
-    {
-        PyObject *v = PyObject_GetAttr(group, s_checked_at);
-        if (!v) {
-            PyErr_Clear();
-            Py_RETURN_FALSE;
-        }
-        double checked = PyFloat_AsDouble(v);
-        Py_DECREF(v);
-        if (checked == -1.0 && PyErr_Occurred()) {
-            PyErr_Clear();
-            Py_RETURN_FALSE;
-        }
-        if (!((double)t0 * 1e-9 - checked < (double)f->recheck_ns * 1e-9))
-            Py_RETURN_FALSE; /* time to read the transport for abort notices: Python does */
-    }
+    if (!((double)t0 * 1e-9 - group->checked_at < (double)f->recheck_ns * 1e-9))
+        Py_RETURN_FALSE; /* time to read the transport for abort notices: Python does */
 
     /* The engine: idle, and held until the call is done or handed over. */
     PyObject *got = PyObject_CallOneArg(f->acquire, Py_False);
@@ -400,20 +369,16 @@ static PyObject *fast_call(FastObject *f, int coll, PyObject *obj, PyObject *key
     Py_DECREF(got);
     if (got != Py_True)
         Py_RETURN_FALSE;
-    PyObject *entry = NULL, *seqobj = NULL, *nextseq = NULL, *id = NULL, *nextid = NULL;
-    if (!attr_is(f->engine, s_running, Py_False) || !attr_is(f->engine, s_stopped, Py_False) ||
-        !attr_false(f->engine, s_queue) || !attr_false(f->engine, s_p2p))
+    PyObject *entry = NULL, *seqobj = NULL, *id = NULL, *nextid = NULL;
+    Py_ssize_t queued = PyObject_Size(engine->queue);
+    if (queued < 0)
+        goto error;
+    if (engine->running || engine->stopped || queued || PyList_GET_SIZE(engine->deferred))
         goto decline;
 
     /* The sequence number, and the flight recorder's next entry. */
-    PyObject *v = PyObject_GetAttr(group, s_seq);
-    if (!v)
-        goto error;
-    long long seq = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    if (seq == -1 && PyErr_Occurred())
-        goto error;
-    if (!(seqobj = PyLong_FromLongLong(seq)) || !(nextseq = PyLong_FromLongLong(seq + 1)))
+    const long long seq = group->seq;
+    if (!(seqobj = PyLong_FromLongLong(seq)))
         goto error;
     if (f->capacity) {
         if (!(id = PyObject_GetAttr(f->recorder, s_next)))
@@ -434,9 +399,7 @@ static PyObject *fast_call(FastObject *f, int coll, PyObject *obj, PyObject *key
             goto error;
         entry = Py_NewRef(e);
     }
-    if (PyObject_SetAttr(group, s_seq, nextseq) < 0)
-        goto error;
-    Py_CLEAR(nextseq);
+    group->seq = seq + 1;
     Py_CLEAR(nextid);
     PyObject *started = PyFloat_FromDouble((double)t0 * 1e-9);
     if (!started)
@@ -483,11 +446,12 @@ static PyObject *fast_call(FastObject *f, int coll, PyObject *obj, PyObject *key
      * `finish` resumes the call, raises as the Python path does, and frees the engine. */
     {
         PyObject *owner = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
-        int bad = !owner || PyObject_SetAttr(f->engine, s_running, Py_True) < 0 ||
-                  PyObject_SetAttr(f->engine, s_owner, owner) < 0;
-        Py_XDECREF(owner);
+        if (owner) {
+            engine->running = 1;
+            Py_XSETREF(engine->owner, owner);
+        }
         unlock(f);
-        if (bad) {
+        if (!owner) {
             Py_XDECREF(entry);
             Py_DECREF(started);
             Py_DECREF(seqobj);
@@ -513,7 +477,6 @@ static PyObject *fast_call(FastObject *f, int coll, PyObject *obj, PyObject *key
 decline:
     Py_XDECREF(entry);
     Py_XDECREF(seqobj);
-    Py_XDECREF(nextseq);
     Py_XDECREF(id);
     Py_XDECREF(nextid);
     unlock(f);
@@ -521,7 +484,6 @@ decline:
 error:
     Py_XDECREF(entry);
     Py_XDECREF(seqobj);
-    Py_XDECREF(nextseq);
     Py_XDECREF(id);
     Py_XDECREF(nextid);
     unlock(f);
@@ -529,33 +491,33 @@ error:
 }
 
 /* all_reduce(tensor, op) -> True if done (or raised), False: run the Python path */
-static PyObject *Fast_all_reduce(FastObject *f, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *CallPath_all_reduce(CallPathObject *f, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "all_reduce(tensor, op)");
         return NULL;
     }
-    return fast_call(f, C_ALL_REDUCE, args[0], args[1]);
+    return callpath_run(f, C_ALL_REDUCE, args[0], args[1]);
 }
 
 /* broadcast(tensor, src) */
-static PyObject *Fast_broadcast(FastObject *f, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *CallPath_broadcast(CallPathObject *f, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "broadcast(tensor, src)");
         return NULL;
     }
-    return fast_call(f, C_BROADCAST, args[0], args[1]);
+    return callpath_run(f, C_BROADCAST, args[0], args[1]);
 }
 
-static PyObject *Fast_barrier(FastObject *f, PyObject *Py_UNUSED(ignored))
+static PyObject *CallPath_barrier(CallPathObject *f, PyObject *Py_UNUSED(ignored))
 {
-    return fast_call(f, C_BARRIER, Py_None, Py_None);
+    return callpath_run(f, C_BARRIER, Py_None, Py_None);
 }
 
-static PyObject *Fast_forget(FastObject *f, PyObject *Py_UNUSED(ignored))
+static PyObject *CallPath_forget(CallPathObject *f, PyObject *Py_UNUSED(ignored))
 {
-    for (int k = 0; k < C_COUNT; k++) {
+    for (int k = 0; k < PATH_ROWS; k++) {
         for (int i = 0; i < f->count[k]; i++)
             sig_clear(&f->sig[k][i]);
         f->count[k] = 0;
@@ -563,69 +525,65 @@ static PyObject *Fast_forget(FastObject *f, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
-static PyObject *Fast_get_calls(FastObject *f, void *Py_UNUSED(closure))
+static PyObject *CallPath_get_calls(CallPathObject *f, void *Py_UNUSED(closure))
 {
     return PyLong_FromLongLong(f->calls);
 }
 
-static PyObject *Fast_get_handed(FastObject *f, void *Py_UNUSED(closure))
+static PyObject *CallPath_get_handed(CallPathObject *f, void *Py_UNUSED(closure))
 {
     return PyLong_FromLongLong(f->handed);
 }
 
-static PyObject *Fast_get_size(FastObject *f, void *Py_UNUSED(closure))
+static PyObject *CallPath_get_size(CallPathObject *f, void *Py_UNUSED(closure))
 {
     int n = 0;
-    for (int k = 0; k < C_COUNT; k++)
+    for (int k = 0; k < PATH_ROWS; k++)
         n += f->count[k];
     return PyLong_FromLong(n);
 }
 
-static PyMethodDef Fast_methods[] = {
-    {"all_reduce", (PyCFunction)(void (*)(void))Fast_all_reduce, METH_FASTCALL,
+static PyMethodDef CallPath_methods[] = {
+    {"all_reduce", (PyCFunction)(void (*)(void))CallPath_all_reduce, METH_FASTCALL,
      "all_reduce(tensor, op) -> True if it ran the call, False: run the Python path"},
-    {"broadcast", (PyCFunction)(void (*)(void))Fast_broadcast, METH_FASTCALL,
+    {"broadcast", (PyCFunction)(void (*)(void))CallPath_broadcast, METH_FASTCALL,
      "broadcast(tensor, src) -> True if it ran the call, False: run the Python path"},
-    {"barrier", (PyCFunction)Fast_barrier, METH_NOARGS,
+    {"barrier", (PyCFunction)CallPath_barrier, METH_NOARGS,
      "barrier() -> True if it ran the call, False: run the Python path"},
-    {"add", (PyCFunction)(void (*)(void))Fast_add, METH_FASTCALL,
+    {"add", (PyCFunction)(void (*)(void))CallPath_add, METH_FASTCALL,
      "add(obj, key, plan, prepared, entry) -> bool: register a call signature"},
-    {"forget", (PyCFunction)Fast_forget, METH_NOARGS, "drop every signature"},
+    {"forget", (PyCFunction)CallPath_forget, METH_NOARGS, "drop every signature"},
     {NULL, NULL, 0, NULL},
 };
 
-static PyGetSetDef Fast_getset[] = {
-    {"calls", (getter)Fast_get_calls, NULL, "calls this path completed", NULL},
-    {"handed", (getter)Fast_get_handed, NULL, "calls it handed to `finish`", NULL},
-    {"size", (getter)Fast_get_size, NULL, "signatures registered", NULL},
+static PyGetSetDef CallPath_getset[] = {
+    {"calls", (getter)CallPath_get_calls, NULL, "calls this path completed", NULL},
+    {"handed", (getter)CallPath_get_handed, NULL, "calls it handed to `finish`", NULL},
+    {"size", (getter)CallPath_get_size, NULL, "signatures registered", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-PyTypeObject FastType = {
+PyTypeObject CallPathType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "pycollective._native.Fast",
-    .tp_doc = "Fast(arena, group, engine, recorder, entry_type, finish, running, completed, "
-              "recheck_ns, budget_ns): a group's compiled path for repeated calls.",
-    .tp_basicsize = sizeof(FastObject),
+    .tp_name = "pycollective._native.CallPath",
+    .tp_doc = "CallPath(arena, group_state, engine_state, recorder, entry_type, finish, running, "
+              "completed, recheck_ns, budget_ns): a group's compiled path of repeated calls.",
+    .tp_basicsize = sizeof(CallPathObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)Fast_init,
-    .tp_dealloc = (destructor)Fast_dealloc,
-    .tp_traverse = (traverseproc)Fast_traverse,
-    .tp_clear = (inquiry)Fast_clear,
-    .tp_methods = Fast_methods,
-    .tp_getset = Fast_getset,
+    .tp_init = (initproc)CallPath_init,
+    .tp_dealloc = (destructor)CallPath_dealloc,
+    .tp_traverse = (traverseproc)CallPath_traverse,
+    .tp_clear = (inquiry)CallPath_clear,
+    .tp_methods = CallPath_methods,
+    .tp_getset = CallPath_getset,
 };
 
 int pyc_callpath_names(void)
 {
     struct { PyObject **name; const char *text; } names[] = {
-        {&s_seq, "_seq"}, {&s_failed, "_failed"}, {&s_polled, "_polled"},
-        {&s_checked_at, "_checked_at"}, {&s_closed, "closed"}, {&s_queue, "_queue"},
-        {&s_running, "_running"}, {&s_stopped, "_stopped"}, {&s_p2p, "_p2p"},
-        {&s_owner, "_owner"}, {&s_next, "_next"}, {&s_lock, "_lock"}, {&s_ring, "_ring"},
-        {&s_capacity, "capacity"}, {&s_world, "world"}, {&s_acquire, "acquire"},
-        {&s_release, "release"},
+        {&s_next, "_next"}, {&s_ring, "_ring"}, {&s_capacity, "capacity"},
+        {&s_acquire, "acquire"}, {&s_release, "release"},
     };
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (!*names[i].name && !(*names[i].name = PyUnicode_InternFromString(names[i].text)))

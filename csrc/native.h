@@ -13,7 +13,8 @@
  *                 announcement check
  *   arena.c       the collectives as resumable state machines, started and stepped
  *   arena_type.c  the Arena type: the state machines' Python face
- *   callpath.c    Fast: the per-call path of repeated calls (ProcessGroup.fast)
+ *   callstate.c   GroupState, EngineState: the state calls' paths share with Python
+ *   callpath.c    CallPath: the per-call path of repeated calls (ProcessGroup.fast)
  *   dispatch.c    the kernel set for this CPU, and reduce()
  *   module.c      the module: its types, functions and constants
  *   kernels*.c    the fused reductions, once per instruction set
@@ -30,19 +31,32 @@
 
 #include "kernels.h"
 
-/* Control block words (int64), as in shm/arena.py. */
+/* Every value Python also knows is defined in Python; module.c exports these and
+ * shm/native.py (the kinds: runners/native.py) refuses an extension that differs. */
+
+/* Control block words (int64): shm/arena.py. */
 enum {
-    WORDS = 16, EPOCH = 0, SLEEPING = 1, PID = 2, SEQ = 3, KIND = 4, ANN_WORDS = 6,
-    BUF_FD = 10, BUF_WORDS = 4
+    WORDS = 16, EPOCH = 0, SLEEPING = 1, SEQ = 3, KIND = 4, ANN_WORDS = 6, /* KIND..ALGO */
+    BUF_FD = 10, BUF_WORDS = 4 /* BUF_FD..BUF_LEN */
 };
-/* What Arena.run and resume return (shm/native.py). */
+/* What Arena.run and resume return: shm/native.py. */
 enum { ST_DONE = 0, ST_PENDING = 1, ST_CHECK = 2, ST_VIEWS = 3 };
-enum { C_ALL_REDUCE = 0, C_REDUCE, C_BROADCAST, C_ALL_GATHER, C_REDUCE_SCATTER, C_BARRIER,
-       C_COUNT };
-#define MAX_RANKS 256
-#define ALIGN_BYTES 64              /* shares start on cache-line boundaries */
-#define SLEEP_NS 10000000LL         /* longest single futex sleep */
+/* The collectives C runs, by their codes on the wire (transport/_wire.py KIND_CODE: the
+ * one numbering of collectives; codes never change meaning). */
+enum { C_ALL_REDUCE = 1, C_BROADCAST = 2, C_REDUCE = 3, C_ALL_GATHER = 4, C_REDUCE_SCATTER = 5,
+       C_BARRIER = 9 };
+#define MAX_RANKS 256               /* shm/arena.py */
+#define ALIGN_BYTES 64              /* shares start on cache-line boundaries: collectives.py */
+#define SLEEP_NS 10000000LL         /* longest single futex sleep: arena.py SLEEP_SECONDS */
+#define SETTLE_SPINS 4096           /* reads of a changing announcement: arena.py */
 #define NOGIL_BYTES (64 << 10)      /* copies and reductions above this run without the GIL */
+
+/* Whether C runs the collective of this wire code. */
+static inline int pyc_kind_known(int kind)
+{
+    return kind == C_ALL_REDUCE || kind == C_BROADCAST || kind == C_REDUCE ||
+           kind == C_ALL_GATHER || kind == C_REDUCE_SCATTER || kind == C_BARRIER;
+}
 
 /* The kernel set Plans and reduce() take theirs from (dispatch.c). */
 extern const pyc_kernel_set *kset;

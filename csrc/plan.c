@@ -9,7 +9,7 @@ static int Plan_init(PlanObject *self, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiiiLO", kwlist, &self->coll, &self->dtype,
                                      &self->op, &self->root, &avg, &header))
         return -1;
-    if (self->coll < 0 || self->coll >= C_COUNT) {
+    if (!pyc_kind_known(self->coll)) {
         PyErr_Format(PyExc_ValueError, "unknown collective code %d", self->coll);
         return -1;
     }

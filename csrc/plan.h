@@ -1,5 +1,5 @@
 /* Plan: one call signature (collective, dtype, op, root, AVG's divisor, the announcement
- * words), checked and compiled once; Arena.run and Fast take it. */
+ * words), checked and compiled once; Arena.run and CallPath take it. */
 #ifndef PYC_PLAN_H
 #define PYC_PLAN_H
 

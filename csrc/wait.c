@@ -117,12 +117,16 @@ int pyc_ann_ok(ArenaObject *a, call_t *c, int q)
 {
     int64_t *b = word(a, q, 0);
     int64_t s1, s2, f[ANN_WORDS];
-    do {
+    for (int tries = 0;; tries++) {
         s1 = ld(&b[SEQ]);
         for (int i = 0; i < ANN_WORDS; i++)
             f[i] = ld(&b[KIND + i]);
         s2 = ld(&b[SEQ]);
-    } while (s1 != s2);
+        if (s1 == s2)
+            break;
+        if (tries == SETTLE_SPINS)
+            return 0; /* it keeps changing: Python's reader, bounded in time, decides */
+    }
     int arrived = ld(&b[EPOCH]) >= c->target; /* read after the announcement */
     if (s1 == 0)
         return 1;
