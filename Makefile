@@ -159,6 +159,7 @@ lint: setup lint-c
 .PHONY: lint-c
 lint-c: setup
 	@for cc in gcc clang; do \
+		command -v $$cc >/dev/null || { echo "lint-c: $$cc is not installed (apt-get install $$cc)"; exit 1; }; \
 		tmp=$$(mktemp -d); \
 		echo "build pycollective._native: CC=$$cc CFLAGS=-Werror"; \
 		CC=$$cc CFLAGS=-Werror $(PY) setup.py -q build_ext --build-temp $$tmp/temp \

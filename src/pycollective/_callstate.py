@@ -14,7 +14,6 @@ so a field renamed on one side only cannot turn the compiled path off unnoticed.
 from __future__ import annotations
 
 import math
-import threading
 from collections import deque
 from typing import Any
 
@@ -87,6 +86,6 @@ def group_state() -> GroupState:
     return _Group()  # type: ignore[no-any-return]
 
 
-def engine_state(lock: threading.RLock | Any, queue: deque, deferred: list) -> EngineState:
+def engine_state(lock: Any, queue: deque, deferred: list) -> EngineState:
     """A new engine's state over its lock, job queue and deferred list."""
     return _Engine(lock, queue, deferred)  # type: ignore[no-any-return]

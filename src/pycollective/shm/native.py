@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping
-from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -59,7 +59,7 @@ OVERSUBSCRIBED_YIELD_SECONDS = 50e-6
 PINNED_SPIN_SECONDS = 100e-6
 
 
-def contract_differences(ext: ModuleType, kind_code: Mapping[str, int] | None = None) -> list[str]:
+def contract_differences(ext: Any, kind_code: Mapping[str, int] | None = None) -> list[str]:
     """Where the values an extension compiled in differ from their definitions here (the
     arena's layout, the status codes, dtype and op codes, the call state's fields; and with
     `kind_code`, the wire's numbering of collectives, which transport/_wire.py defines):
