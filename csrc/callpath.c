@@ -176,7 +176,8 @@ static int CallPath_init(CallPathObject *f, PyObject *args, PyObject *kwds)
     f->zero = PyFloat_FromDouble(0.0);
     if (!f->empty_str || !f->empty_tuple || !f->zero)
         return -1;
-    if (!f->engine->lock || !PyList_Check(f->engine->deferred)) {
+    if (!f->engine->lock || !f->engine->queue || !f->engine->deferred ||
+        !PyList_Check(f->engine->deferred)) {
         PyErr_SetString(PyExc_TypeError, "CallPath: the engine state is not initialised");
         return -1;
     }
@@ -354,10 +355,12 @@ static PyObject *callpath_run(CallPathObject *f, int coll, PyObject *obj, PyObje
      * stopped: close_world). */
     GroupStateObject *group = f->group;
     EngineStateObject *engine = f->engine;
-    if ((group->failed && group->failed != Py_None) || engine->stopped || !group->polled)
+    if (group->failed != Py_None || engine->stopped != Py_False || group->polled != Py_True ||
+        !group->checked_at || !PyFloat_CheckExact(group->checked_at))
         Py_RETURN_FALSE;
     int64_t t0 = now_ns();
-    if (!((double)t0 * 1e-9 - group->checked_at < (double)f->recheck_ns * 1e-9))
+    double checked = PyFloat_AS_DOUBLE(group->checked_at);
+    if (!((double)t0 * 1e-9 - checked < (double)f->recheck_ns * 1e-9))
         Py_RETURN_FALSE; /* time to read the transport for abort notices: Python does */
 
     /* The engine: idle, and held until the call is done or handed over. */
@@ -373,13 +376,15 @@ static PyObject *callpath_run(CallPathObject *f, int coll, PyObject *obj, PyObje
     Py_ssize_t queued = PyObject_Size(engine->queue);
     if (queued < 0)
         goto error;
-    if (engine->running || engine->stopped || queued || PyList_GET_SIZE(engine->deferred))
+    if (engine->running != Py_False || engine->stopped != Py_False || queued ||
+        PyList_GET_SIZE(engine->deferred) || !group->seq || !PyLong_CheckExact(group->seq))
         goto decline;
 
     /* The sequence number, and the flight recorder's next entry. */
-    const long long seq = group->seq;
-    if (!(seqobj = PyLong_FromLongLong(seq)))
+    const long long seq = PyLong_AsLongLong(group->seq);
+    if (seq == -1 && PyErr_Occurred())
         goto error;
+    seqobj = Py_NewRef(group->seq);
     if (f->capacity) {
         if (!(id = PyObject_GetAttr(f->recorder, s_next)))
             goto error;
@@ -399,7 +404,10 @@ static PyObject *callpath_run(CallPathObject *f, int coll, PyObject *obj, PyObje
             goto error;
         entry = Py_NewRef(e);
     }
-    group->seq = seq + 1;
+    PyObject *nextseq = PyLong_FromLongLong(seq + 1);
+    if (!nextseq)
+        goto error;
+    Py_SETREF(group->seq, nextseq);
     Py_CLEAR(nextid);
     PyObject *started = PyFloat_FromDouble((double)t0 * 1e-9);
     if (!started)
@@ -447,7 +455,7 @@ static PyObject *callpath_run(CallPathObject *f, int coll, PyObject *obj, PyObje
     {
         PyObject *owner = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
         if (owner) {
-            engine->running = 1;
+            Py_XSETREF(engine->running, Py_NewRef(Py_True));
             Py_XSETREF(engine->owner, owner);
         }
         unlock(f);

@@ -11,22 +11,34 @@ static int GroupState_init(GroupStateObject *s, PyObject *args, PyObject *kwds)
     static char *kwlist[] = {NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwds, ":GroupState", kwlist))
         return -1;
-    s->seq = 0;
+    PyObject *seq = PyLong_FromLong(0), *never = PyFloat_FromDouble(-INFINITY);
+    if (!seq || !never) {
+        Py_XDECREF(seq);
+        Py_XDECREF(never);
+        return -1;
+    }
+    Py_XSETREF(s->seq, seq);
     Py_XSETREF(s->failed, Py_NewRef(Py_None));
-    s->polled = 0;
-    s->checked_at = -INFINITY;
+    Py_XSETREF(s->polled, Py_NewRef(Py_False));
+    Py_XSETREF(s->checked_at, never);
     return 0;
 }
 
 static int GroupState_traverse(GroupStateObject *s, visitproc visit, void *arg)
 {
+    Py_VISIT(s->seq);
     Py_VISIT(s->failed);
+    Py_VISIT(s->polled);
+    Py_VISIT(s->checked_at);
     return 0;
 }
 
 static int GroupState_clear(GroupStateObject *s)
 {
+    Py_CLEAR(s->seq);
     Py_CLEAR(s->failed);
+    Py_CLEAR(s->polled);
+    Py_CLEAR(s->checked_at);
     return 0;
 }
 
@@ -38,12 +50,12 @@ static void GroupState_dealloc(GroupStateObject *s)
 }
 
 static PyMemberDef GroupState_members[] = {
-    {"seq", T_LONGLONG, offsetof(GroupStateObject, seq), 0, "the next sequence number"},
-    {"failed", T_OBJECT, offsetof(GroupStateObject, failed), 0,
+    {"seq", T_OBJECT_EX, offsetof(GroupStateObject, seq), 0, "the next sequence number"},
+    {"failed", T_OBJECT_EX, offsetof(GroupStateObject, failed), 0,
      "the error that made the group unusable, or None"},
-    {"polled", T_BOOL, offsetof(GroupStateObject, polled), 0,
+    {"polled", T_OBJECT_EX, offsetof(GroupStateObject, polled), 0,
      "whether the last call ran on a runner that polls the transport itself"},
-    {"checked_at", T_DOUBLE, offsetof(GroupStateObject, checked_at), 0,
+    {"checked_at", T_OBJECT_EX, offsetof(GroupStateObject, checked_at), 0,
      "when the transport was last read for abort notices (time.monotonic)"},
     {NULL, 0, 0, 0, NULL},
 };
@@ -75,8 +87,8 @@ static int EngineState_init(EngineStateObject *s, PyObject *args, PyObject *kwds
         PyErr_SetString(PyExc_TypeError, "EngineState: queue must be a deque");
         return -1;
     }
-    s->running = 0;
-    s->stopped = 0;
+    Py_XSETREF(s->running, Py_NewRef(Py_False));
+    Py_XSETREF(s->stopped, Py_NewRef(Py_False));
     Py_XSETREF(s->owner, Py_NewRef(Py_None));
     Py_XSETREF(s->queue, Py_NewRef(queue));
     Py_XSETREF(s->deferred, Py_NewRef(deferred));
@@ -86,6 +98,8 @@ static int EngineState_init(EngineStateObject *s, PyObject *args, PyObject *kwds
 
 static int EngineState_traverse(EngineStateObject *s, visitproc visit, void *arg)
 {
+    Py_VISIT(s->running);
+    Py_VISIT(s->stopped);
     Py_VISIT(s->owner);
     Py_VISIT(s->queue);
     Py_VISIT(s->deferred);
@@ -95,6 +109,8 @@ static int EngineState_traverse(EngineStateObject *s, visitproc visit, void *arg
 
 static int EngineState_clear(EngineStateObject *s)
 {
+    Py_CLEAR(s->running);
+    Py_CLEAR(s->stopped);
     Py_CLEAR(s->owner);
     Py_CLEAR(s->queue);
     Py_CLEAR(s->deferred);
@@ -110,16 +126,16 @@ static void EngineState_dealloc(EngineStateObject *s)
 }
 
 static PyMemberDef EngineState_members[] = {
-    {"running", T_BOOL, offsetof(EngineStateObject, running), 0, "whether a job runs"},
-    {"stopped", T_BOOL, offsetof(EngineStateObject, stopped), 0,
+    {"running", T_OBJECT_EX, offsetof(EngineStateObject, running), 0, "whether a job runs"},
+    {"stopped", T_OBJECT_EX, offsetof(EngineStateObject, stopped), 0,
      "whether the engine refuses new work"},
-    {"owner", T_OBJECT, offsetof(EngineStateObject, owner), 0,
+    {"owner", T_OBJECT_EX, offsetof(EngineStateObject, owner), 0,
      "the thread id running the job, or None"},
-    {"queue", T_OBJECT, offsetof(EngineStateObject, queue), READONLY,
+    {"queue", T_OBJECT_EX, offsetof(EngineStateObject, queue), READONLY,
      "the asynchronous jobs issued and not done"},
-    {"deferred", T_OBJECT, offsetof(EngineStateObject, deferred), READONLY,
+    {"deferred", T_OBJECT_EX, offsetof(EngineStateObject, deferred), READONLY,
      "the point-to-point operations deferred"},
-    {"lock", T_OBJECT, offsetof(EngineStateObject, lock), READONLY, "the engine's lock"},
+    {"lock", T_OBJECT_EX, offsetof(EngineStateObject, lock), READONLY, "the engine's lock"},
     {NULL, 0, 0, 0, NULL},
 };
 

@@ -8,18 +8,22 @@
 
 #include "native.h"
 
+/* Every field is an object (T_OBJECT_EX members): the Python path's attribute reads and
+ * writes of them are then specialised by the interpreter as __slots__' are, as cheap as
+ * a plain object's. C takes them as they are and declines a call (the Python path runs)
+ * on a value of another type than the twins hold. */
 typedef struct {
     PyObject_HEAD
-    long long seq;     /* the group's next sequence number */
-    PyObject *failed;  /* the error that made the group unusable; NULL or None: usable */
-    char polled;       /* the last call ran on a runner that polls the transport itself */
-    double checked_at; /* when this rank last read its transport for abort notices */
+    PyObject *seq;        /* int: the group's next sequence number */
+    PyObject *failed;     /* None, or the error that made the group unusable */
+    PyObject *polled;     /* bool: the last call ran on a runner that polls the transport */
+    PyObject *checked_at; /* float: when this rank last read its transport for notices */
 } GroupStateObject;
 
 typedef struct {
     PyObject_HEAD
-    char running;       /* a job runs (Engine.run's, the worker's, or one handed over) */
-    char stopped;       /* the engine refuses new work (destroy, close_world) */
+    PyObject *running;  /* bool: a job runs (Engine.run's, the worker's, one handed over) */
+    PyObject *stopped;  /* bool: the engine refuses new work (destroy, close_world) */
     PyObject *owner;    /* the thread id running the job, or None */
     PyObject *queue;    /* the asynchronous jobs issued and not done (a deque) */
     PyObject *deferred; /* the point-to-point operations deferred (a list) */
