@@ -12,8 +12,9 @@ APT_PACKAGES := openmpi-bin libopenmpi-dev mpich
 # Slurm's daemons and client and munge, for the srun and sbatch jobs of tests/api/test_slurm.py
 # (each test starts and stops a cluster of its own), and etcd (3.4), the replicated store of
 # the elastic jobs that survive the loss of any host (tests start their own members:
-# tests/_etcd.py); without their recommends: only these.
-APT_SMALL := slurmctld slurmd slurm-client munge etcd-server
+# tests/_etcd.py), and clang (`make lint` builds the compiled core with it as well as gcc);
+# without their recommends: only these.
+APT_SMALL := slurmctld slurmd slurm-client munge etcd-server clang
 
 .PHONY: setup system-deps test faults demo bench compare multihost torch-suite lint clean \
 	setup-ray test-ray bench-ray
@@ -21,7 +22,7 @@ APT_SMALL := slurmctld slurmd slurm-client munge etcd-server
 setup: $(STAMP)
 
 # The C sources too: `make setup` rebuilds pycollective._native after they change.
-$(STAMP): pyproject.toml setup.py $(wildcard src/pycollective/_native/*.[ch])
+$(STAMP): pyproject.toml setup.py $(wildcard csrc/*.[ch])
 	@$(MAKE) --no-print-directory system-deps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -58,7 +59,7 @@ RAY_STAMP := $(RAY_VENV)/.installed
 
 setup-ray: $(RAY_STAMP)
 
-$(RAY_STAMP): pyproject.toml setup.py $(wildcard src/pycollective/_native/*.[ch])
+$(RAY_STAMP): pyproject.toml setup.py $(wildcard csrc/*.[ch])
 	@$(MAKE) --no-print-directory system-deps
 	test -x $(RAY_PY) || $(PYTHON) -m venv $(RAY_VENV)
 	$(RAY_PY) -m pip install --quiet --upgrade pip
@@ -148,8 +149,24 @@ torch-suite: setup
 			--json benchmarks/results/torch_suite_ws$$n.json || status=1; \
 	done; exit $$status
 
-lint: setup
+lint: setup lint-c
 	$(VENV)/bin/ruff check .
+
+# The compiled core built with -Werror (setup.py's -Wall -Wextra -Wconversion) by gcc and
+# by clang, each into a temporary directory: the installed extension is not touched, and
+# user installs never use -Werror. setup.py's extension is optional (an install without a
+# compiler still works), so a failed build shows as a missing library here.
+.PHONY: lint-c
+lint-c: setup
+	@for cc in gcc clang; do \
+		command -v $$cc >/dev/null || { echo "lint-c: $$cc is not installed (apt-get install $$cc)"; exit 1; }; \
+		tmp=$$(mktemp -d); \
+		echo "build pycollective._native: CC=$$cc CFLAGS=-Werror"; \
+		CC=$$cc CFLAGS=-Werror $(PY) setup.py -q build_ext --build-temp $$tmp/temp \
+			--build-lib $$tmp/lib >$$tmp/log 2>&1; \
+		if ls $$tmp/lib/pycollective/_native.*.so >/dev/null 2>&1; then rm -rf $$tmp; else \
+			cat $$tmp/log; rm -rf $$tmp; echo "lint-c: $$cc -Werror failed"; exit 1; fi; \
+	done
 
 clean:
 	rm -rf $(VENV) $(RAY_VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache

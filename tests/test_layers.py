@@ -116,13 +116,13 @@ _CONTAINERS = {"dict", "list", "set", "deque", "defaultdict", "OrderedDict", "Co
 
 
 def module_files(root: Path = SRC, package: str = PACKAGE) -> dict[str, Path]:
-    """Every module of the package and its file (a compiled extension counts as the
-    folder of its sources or its built library: _native)."""
+    """Every module of the package and its file (a compiled extension counts as its built
+    library or, unbuilt, the folder of its sources: _native, csrc/ beside src/)."""
     out = {}
     for path in sorted((root / package).glob("*.so")) + sorted((root / package).glob("*.c")):
         out[f"{package}.{path.name.split('.')[0]}"] = path
-    native = root / package / "_native"
-    if native.is_dir() and not (native / "__init__.py").exists():
+    native = root.parent / "csrc"
+    if package == PACKAGE and native.is_dir() and f"{package}._native" not in out:
         out[f"{package}._native"] = native
     for path in sorted((root / package).rglob("*.py")):
         rel = path.relative_to(root).with_suffix("")

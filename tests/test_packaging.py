@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -47,7 +48,7 @@ def test_the_wheel_ships_py_typed_and_says_what_it_is(wheel):
     classifiers = meta.get_all("Classifier")
     assert "Typing :: Typed" in classifiers
     assert meta["License"] == "Apache-2.0"
-    assert not [n for n in names if n.startswith("pycollective/_native/")]  # C sources stay out
+    assert not [n for n in names if n.endswith((".c", ".h"))]  # C sources stay out (csrc/)
     assert any(c.startswith("Topic :: System :: Distributed Computing") for c in classifiers)
     extras = set(meta.get_all("Provides-Extra"))
     assert {"torch", "plot", "dev", "test", "ray"} <= extras
@@ -74,3 +75,18 @@ def test_the_makefile_pins_the_cpu_torch_build():
     # make test-ray's venv: Ray pinned too (tests/ray)
     assert re.search(r"^RAY_VERSION := 2\.60\.0$", makefile, re.M)
     assert any("'ray[train]==$(RAY_VERSION)'" in line for line in installs), installs
+
+
+def test_the_sdist_ships_the_c_sources(tmp_path):
+    """pip builds pycollective._native from an sdist's csrc/ (setup.py): every C source
+    and header must be in it, or installs from the sdist lose the extension."""
+    source = copy_checkout(tmp_path / "checkout")
+    subprocess.run(
+        [sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "dist")],
+        cwd=source, check=True, capture_output=True, timeout=100,
+    )  # fmt: skip
+    (sdist,) = (tmp_path / "dist").glob("pycollective-*.tar.gz")
+    with tarfile.open(sdist) as t:
+        shipped = {Path(n).relative_to(Path(n).parts[0]).as_posix() for n in t.getnames()}
+    sources = {p.relative_to(REPO).as_posix() for p in (REPO / "csrc").glob("*.[ch]")}
+    assert sources and sources <= shipped, sorted(sources - shipped)

@@ -294,6 +294,27 @@ def mixed() -> None:
     fast_counts()
 
 
+def repeat(n: int) -> None:
+    """After one all_reduce, broadcast and barrier (the Python path, which teaches the
+    compiled one their signatures), n more of each: `REPEATED n` with how many of those
+    the compiled path ran (all of them should)."""
+    x = np.ones(1, np.float32)
+    y = np.arange(3, dtype=np.int64)
+
+    def calls() -> None:
+        dist.all_reduce(x)
+        dist.broadcast(y, src=0)
+        dist.barrier()
+
+    calls()
+    fast = dist.group.WORLD.fast
+    before = fast.calls if fast is not None else 0
+    for _ in range(n):
+        calls()
+    after = fast.calls if fast is not None else 0
+    print("REPEATED " + json.dumps(after - before), flush=True)
+
+
 def main() -> None:
     scenario, *args = sys.argv[1:]
     dist.init_process_group()
@@ -305,6 +326,7 @@ def main() -> None:
         "never": never,
         "threads": threads,
         "mixed": mixed,
+        "repeat": lambda: repeat(int(args[0])),
     }[scenario]()
     if scenario not in ("kill", "never", "mismatch"):
         dist.destroy_process_group()

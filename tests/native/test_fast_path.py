@@ -1,4 +1,4 @@
-"""The compiled path of repeated calls (ProcessGroup.fast, _native.Fast): a call like one
+"""The compiled path of repeated calls (ProcessGroup.fast, _native.CallPath): a call like one
 that ran before goes from the API function straight to C. Real jobs: its results are the
 Python reference's bit for bit, it refuses what the Python path refuses, the flight
 recorder shows its calls, and a mismatch, a killed peer or a timeout raise on every rank
@@ -54,6 +54,19 @@ def test_repeated_calls_give_the_python_references_bits(nprocs: int) -> None:
     for r in python:
         assert tagged(r, "FAST") == [None], describe(r)
     assert tagged(compiled[0], "REFUSED") == tagged(python[0], "REFUSED")
+
+
+@pytest.mark.timeout(60)
+def test_every_repeated_call_it_should_take_runs_compiled() -> None:
+    """The compiled path must not be off, silently, for calls it is for (it reads the
+    group's and engine's state as C-owned records, _callstate.py, so no Python rename can
+    turn it off; this counts it): 2 ranks, after the first all_reduce, broadcast and
+    barrier (which teach it their signatures), 100 more of each: all of them."""
+    n = 100
+    results = _job(2, "repeat", str(n), env=ALWAYS)
+    for r in results:
+        assert r.returncode == 0, describe(r)
+        assert tagged(r, "REPEATED") == [3 * n], describe(r)
 
 
 @pytest.mark.timeout(60)

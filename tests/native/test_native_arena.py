@@ -15,6 +15,7 @@ import pytest
 from pycollective import _dtypes
 from pycollective._reduce_ops import ReduceOp, fused_reduce
 from pycollective.shm import arena, collectives, native
+from pycollective.transport import _wire
 
 pytestmark = [
     pytest.mark.skipif(not arena.available(), reason="no writable /dev/shm"),
@@ -77,8 +78,8 @@ def _rank_main(name: str, nbytes: int, p: int, r: int, compiled: bool, out) -> N
             nonlocal seq
             if na is not None:
                 count = 0 if data is None else int(data.size)
-                hdr = (native.CODE[coll], dtype.code, count, root, int(op), 0)
-                plan = na.plan(coll, dtype.code, int(op), root, divisor, hdr)
+                hdr = (_wire.KIND_CODE[coll], dtype.code, count, root, int(op), 0)
+                plan = na.plan(hdr[0], dtype.code, int(op), root, divisor, hdr)
                 na.run(plan, inp, data, seq, None, poll, check, lambda: None)
             else:
                 red = collectives.reducer(op, dtype, divisor)

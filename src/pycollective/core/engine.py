@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from .. import _callstate
 from .._errors import UsageError
 from .work import Work
 
@@ -28,13 +29,12 @@ class Engine:
         # Python-level Condition.__enter__ (two per call on the hot path).
         self._lock = threading.RLock()
         self._cv = threading.Condition(self._lock)
-        self._queue: deque[tuple[Job, Work]] = deque()
-        self._running = False
+        # What a job's path reads and writes (running, owner, stopped, the queue of
+        # (job, Work) and the deferred point-to-point operations): one record shared with
+        # the compiled per-call path (_callstate.py), changed only under _lock.
+        self.state = _callstate.engine_state(self._lock, deque(), [])
         self._thread: threading.Thread | None = None
-        self._stopped = False
-        self._p2p: list[tuple[Any, Work]] = []  # deferred point-to-point operations
         self._p2p_runner: Callable[[list[tuple[Any, Work]]], None] | None = None
-        self._owner: int | None = None  # thread id running the current job
         self._interrupt: Callable[[str], None] | None = None
         # Threads other than the worker waiting on _cv (run, idle, stop): a job that ends
         # notifies only if one does or work is queued (notify_all costs a microsecond).
@@ -51,7 +51,8 @@ class Engine:
 
     def run(self, job: Job) -> Any:
         """Run `job` in this thread after everything issued before it."""
-        if self._p2p:
+        st = self.state
+        if st.deferred:
             self.flush_p2p()
         me = threading.get_ident()
         entered = False
@@ -60,19 +61,19 @@ class Engine:
         # for ever (destroy_process_group would then wait its full timeout).
         try:
             with self._lock:
-                while self._queue or self._running:
+                while st.queue or st.running:
                     self._wait()
-                if self._stopped:
+                if st.stopped:
                     raise UsageError("the process group was destroyed")
-                self._owner = me
-                self._running = entered = True
+                st.owner = me
+                st.running = entered = True
             return job()
         finally:
             if entered:
                 with self._lock:
-                    self._running = False
-                    self._owner = None
-                    if self._queue or self._waiters:
+                    st.running = False
+                    st.owner = None
+                    if st.queue or self._waiters:
                         self._cv.notify_all()
 
     def end_job(self) -> None:
@@ -80,11 +81,12 @@ class Engine:
         `fast`): the finally of `run`. The compiled path runs a call holding `_lock` (taken
         without blocking, when nothing is queued, deferred or running), so no other thread
         starts one meanwhile; a call that needs Python it hands over as a job of `run`'s
-        (`_running` set, `_owner` this thread, the lock released) and its end comes here."""
+        (`state.running` set, `state.owner` this thread, the lock released) and its end comes
+        here."""
         with self._lock:
-            self._running = False
-            self._owner = None
-            if self._queue or self._waiters:
+            self.state.running = False
+            self.state.owner = None
+            if self.state.queue or self._waiters:
                 self._cv.notify_all()
 
     def _wait(self, timeout: float | None = None) -> bool:
@@ -120,13 +122,13 @@ class Engine:
         entered = False
         try:
             with self._lock:
-                if self._running or self._stopped or not self._queue:
+                if self.state.running or self.state.stopped or not self.state.queue:
                     return
-                job, head = self._queue[0]
+                job, head = self.state.queue[0]
                 if head is not work:
                     return
-                self._running = entered = True
-                self._owner = me
+                self.state.running = entered = True
+                self.state.owner = me
             try:
                 job()
             except BaseException as exc:  # noqa: BLE001 - delivered through the Work
@@ -136,16 +138,16 @@ class Engine:
         finally:
             if entered:
                 with self._lock:
-                    self._queue.popleft()
-                    self._running = False
-                    self._owner = None
+                    self.state.queue.popleft()
+                    self.state.running = False
+                    self.state.owner = None
                     self._cv.notify_all()
 
     def _enqueue(self, job: Job, work: Work) -> None:
         with self._lock:
-            if self._stopped:
+            if self.state.stopped:
                 raise UsageError("the process group was destroyed")
-            self._queue.append((job, work))
+            self.state.queue.append((job, work))
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._worker, name="pycollective-engine", daemon=True
@@ -156,13 +158,13 @@ class Engine:
     def _worker(self) -> None:
         while True:
             with self._lock:
-                while not self._stopped and (not self._queue or self._running):
+                while not self.state.stopped and (not self.state.queue or self.state.running):
                     self._cv.wait()
-                if self._stopped and not self._queue:
+                if self.state.stopped and not self.state.queue:
                     return
-                job, work = self._queue[0]
-                self._running = True
-                self._owner = threading.get_ident()
+                job, work = self.state.queue[0]
+                self.state.running = True
+                self.state.owner = threading.get_ident()
             try:
                 job()
             except BaseException as exc:  # noqa: BLE001 - delivered through the Work
@@ -171,29 +173,31 @@ class Engine:
                 work._complete()
             finally:
                 with self._lock:
-                    self._queue.popleft()
-                    self._running = False
-                    self._owner = None
+                    self.state.queue.popleft()
+                    self.state.running = False
+                    self.state.owner = None
                     if self._waiters:  # the worker itself looks at the queue again
                         self._cv.notify_all()
 
     # ------------------------------------------------------------------ point-to-point
 
     def has_deferred_p2p(self) -> bool:
-        return bool(self._p2p)
+        return bool(self.state.deferred)
 
     def defer_p2p(self, op: Any, work: Work) -> Work:
         with self._lock:
-            self._p2p.append((op, work))
+            self.state.deferred.append((op, work))
         work._on_demand = self.flush_p2p
         return work
 
     def flush_p2p(self) -> None:
         """Start the deferred point-to-point batch (on the worker thread)."""
-        if not self._p2p:  # the common case, without taking the lock
+        if not self.state.deferred:  # the common case, without taking the lock
             return
         with self._lock:
-            batch, self._p2p = self._p2p, []
+            deferred = self.state.deferred  # the same list for ever: the compiled path holds it
+            batch = deferred[:]
+            deferred.clear()
         if not batch:
             return
         for _, work in batch:
@@ -218,7 +222,7 @@ class Engine:
         """Wait for everything issued so far."""
         self.flush_p2p()
         with self._lock:
-            while self._queue or self._running:
+            while self.state.queue or self.state.running:
                 self._wait()
 
     def stop(self, timeout: float = 5.0, grace: float = 0.5) -> None:
@@ -228,16 +232,16 @@ class Engine:
         own job (destroy called from a callback or a signal handler)."""
         me = threading.get_ident()
         with self._lock:
-            self._stopped = True
+            self.state.stopped = True
             self._cv.notify_all()
 
             def drained() -> bool:
-                return (not self._queue and not self._running) or self._owner == me
+                return (not self.state.queue and not self.state.running) or self.state.owner == me
 
             if not self._wait_for(drained, grace) and self._interrupt is not None:
                 self._interrupt("the process group was destroyed while this was in progress")
             self._wait_for(drained, timeout)
-            leftover = [work for _, work in self._queue if self._owner != me]
+            leftover = [work for _, work in self.state.queue if self.state.owner != me]
         thread = self._thread
         if thread is not None and thread.ident != me:
             thread.join(max(0.1, timeout))

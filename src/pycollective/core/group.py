@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _config, _log, runners
+from .. import _callstate, _config, _log, runners
 from .._dtypes import DType
 from .._errors import CollectiveError, CollectiveTimeout, UsageError
 from .._reduce_ops import Kernel, ReduceOp, finish_average, kernel
@@ -54,22 +54,21 @@ class ProcessGroup:
         self.group_name = name
         self.timeout = world.timeout if timeout is None else timeout
         self._rank = self.ranks.index(world.rank) if world.rank in self.ranks else -1
-        self._seq = 0
+        # The sequence counter, the failure that made the group unusable (None: usable), and
+        # when this rank last read its transport for abort notices and stray frames
+        # (check_group) and whether the call since ran on a runner that polls it itself: one
+        # record the compiled per-call path shares (_callstate.py).
+        self.state = _callstate.group_state()
         # Object collectives run so far (api/objects.py): their payloads' MACs name the
         # call, so a payload of one cannot pass for another's.
         self.object_calls = 0
         self.object_pairs: dict[int, int] = {}  # the same, point to point, by peer
-        self._failed: CollectiveError | None = None
         self._peers = tuple(r for r in self.ranks if r != world.rank)
         # The runners that serve this group (runners/), set up at its first collective,
         # and what each distinct call needs, worked out at its first occurrence.
         self._runners: list[Runner] | None = None
         self._prepared: dict[tuple, _Prepared] = {}
         self._noted: set = set()  # the calls PYCOLLECTIVE_DEBUG=INFO has named (_log.py)
-        # When this rank last read its transport for abort notices and stray frames
-        # (check_group), and whether the call since ran on a runner that polls it itself.
-        self._checked_at = float("-inf")
-        self._polled = False
         # The compiled per-call path of repeated calls (a runner's `fast_path`, made at the
         # first call it can repeat; see _offer_fast), and the runner that made it. The API
         # functions try it first; it declines (False) whatever it does not know.
@@ -95,6 +94,11 @@ class ProcessGroup:
                 f"{what} {global_rank} is not a member of this group (ranks {list(self.ranks)})"
             ) from None
 
+    @property
+    def _seq(self) -> int:
+        """The next collective's sequence number (state.seq)."""
+        return self.state.seq
+
     def __repr__(self) -> str:
         return f"<ProcessGroup {self.group_name} ranks={list(self.ranks)} rank={self._rank}>"
 
@@ -103,10 +107,11 @@ class ProcessGroup:
     def check_usable(self) -> None:
         if self.world.closed:
             raise UsageError("the process group was destroyed; call init_process_group again")
-        if self._failed is not None:
+        failed = self.state.failed
+        if failed is not None:
             raise CollectiveError(
-                f"this group is unusable after an earlier failure: {self._failed}"
-            ) from self._failed
+                f"this group is unusable after an earlier failure: {failed}"
+            ) from failed
 
     @property
     def members(self) -> Members:
@@ -210,7 +215,8 @@ class ProcessGroup:
         synchronous call with every argument checked): after it succeeds, the compiled
         path learns its signature.
         """
-        if self._failed is not None or self.world.closed:
+        st = self.state
+        if st.failed is not None or self.world.closed:
             self.check_usable()
         if self._runners is None:
             self._set_up_runners()
@@ -237,8 +243,8 @@ class ProcessGroup:
                 recv_counts,
             )
             prepared = self._prepare(key, spec, algorithm, header_count)
-        seq = self._seq
-        self._seq = seq + 1
+        seq = st.seq
+        st.seq = seq + 1
         header = _new_header(Header, prepared.head + (seq, 0) + prepared.tail)
         if _log.LOGGER.isEnabledFor(logging.DEBUG):  # PYCOLLECTIVE_DEBUG=DETAIL
             algo = prepared.algorithm
@@ -253,7 +259,7 @@ class ProcessGroup:
         )  # fmt: skip
 
         def job() -> None:
-            if self._failed is not None or world.closed:
+            if st.failed is not None or world.closed:
                 self.check_usable()
             now = entry.start()
             deadline = now + self.timeout
@@ -271,12 +277,12 @@ class ProcessGroup:
                     # then shows at the call's first wait or within the millisecond.
                     if (
                         not prepared.polls
-                        or not self._polled
-                        or now - self._checked_at >= _RECHECK_SECONDS
+                        or not st.polled
+                        or now - st.checked_at >= _RECHECK_SECONDS
                     ):
                         transport.check_group(self.group_id, seq, header)
-                        self._checked_at = now
-                    self._polled = prepared.polls
+                        st.checked_at = now
+                    st.polled = prepared.polls
                 for other in prepared.noted:
                     other.note(call)
                 prepared.runner.run(call)
@@ -301,7 +307,7 @@ class ProcessGroup:
         if isinstance(exc, CollectiveTimeout):
             _explain_timeout(exc, seq, self.timeout)
         entry.failed(exc)
-        first = self._failed is None
+        first = self.state.failed is None
         self.fail(exc, seq)
         if first:  # the error path may do I/O: leave the ring where diagnose reads it
             path = self.world.flight.dump(f"{type(exc).__name__} in {call.label}")  # type: ignore[union-attr]
@@ -342,7 +348,7 @@ class ProcessGroup:
         if self.fast is None:
             self.fast = runner.fast_path(
                 self, world.engine, flight, Entry, self._finish_fast, _RECHECK_SECONDS
-            )
+            )  # it reads and writes self.state and world.engine.state
             if self.fast is None:
                 prepared.fast = False
                 return
@@ -381,7 +387,7 @@ class ProcessGroup:
         arena maps shared memory when every member is on this host, the hierarchy learns
         which member is on which host; runners/)."""
         world = self.world
-        seq = self._seq
+        seq = self.state.seq
 
         def job() -> None:
             self.check_usable()
@@ -398,8 +404,9 @@ class ProcessGroup:
     def fail(self, exc: CollectiveError, seq: int = 0) -> None:
         """Mark the group unusable and tell its other members why (best effort). `seq` is
         the collective that failed: members still in an earlier one may finish it."""
-        if self._failed is None:
-            self._failed = exc
+        st = self.state
+        if st.failed is None:
+            st.failed = exc
             transport = self.world.transport
             if transport is not None and not self.world.closed:
                 transport.abort(self._peers, self.group_id, exc, seq)

@@ -286,6 +286,9 @@ def close_world(world: World) -> None:
         world.engine.flush_p2p()
         world.engine.stop(timeout=5.0)
     finally:
+        # stop() refused new work already, unless it never ran: a closed world's engine
+        # takes no call (the compiled per-call path reads only the engine's state).
+        world.engine.state.stopped = True
         world.closed = True
         if world.transport is not None:
             world.transport.close()

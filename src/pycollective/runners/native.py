@@ -3,7 +3,7 @@
 It is registered ahead of the Python ArenaRunner and builds on it (`need`): the segment,
 the set-up exchange, the announcements and the error semantics (deadline, dead peers,
 abort notices, mismatches) are the Python runner's LocalGroup's; what runs compiled is
-the call itself (shm/native.py, _native/module.c): announce, copy in, phases, fused
+the call itself (shm/native.py, csrc/arena.c): announce, copy in, phases, fused
 reductions in rank order, copy out. Both compute the same bits with the same phases and
 buffers, so the two runners are interchangeable rank by rank; `PYCOLLECTIVE_NATIVE=0` or
 a missing extension (one warning) leaves the Python runner in its place.
@@ -24,8 +24,9 @@ from .._reduce_ops import ReduceOp
 from ..observe.flight import COMPLETED, RUNNING
 from ..observe.timeline import WAIT as _WAIT
 from ..shm import collectives as _coll
-from ..shm import native as _native
+from ..shm import native as _shm_native
 from ..shm import shared as _shared
+from ..transport import _wire
 from ._base import BaseRunner, Call, Members, Need, Spec
 from .arena import ALGORITHM, COLLECTIVES, ArenaRunner, LocalGroup
 
@@ -66,11 +67,11 @@ class NativeArenaRunner(BaseRunner):
         self.group: LocalGroup = python.group  # what the hierarchy and tests read
         arena = self.group.arena
         assert arena is not None  # noqa: S101 - set_up checks
-        self.native = _native.NativeArena(arena, _coll.SMALL_BYTES, _coll.CHUNK_BYTES)
+        self.native = _shm_native.NativeArena(arena, _coll.SMALL_BYTES, _coll.CHUNK_BYTES)
 
     @classmethod
     def set_up(cls, members: Members, need: Need) -> NativeArenaRunner | None:
-        if members.size == 1 or not _native.enabled():
+        if members.size == 1 or not _shm_native.enabled(_wire.KIND_CODE):
             return None
         python = need(ArenaRunner)
         if not isinstance(python, ArenaRunner) or python.group.arena is None:
@@ -100,7 +101,7 @@ class NativeArenaRunner(BaseRunner):
         if plan is None:
             rooted = call.spec.collective in ("reduce", "broadcast")
             plan = prep.plan = self.native.plan(
-                call.spec.collective,
+                h.kind,
                 h.dtype,
                 h.op if call.kernel is not None else 0,
                 h.root if rooted else -1,
@@ -154,14 +155,15 @@ class NativeArenaRunner(BaseRunner):
         finish: Any,
         recheck_seconds: float,
     ) -> Any:
-        """The group's compiled path (_native.Fast) over this runner's arena: `group` is
-        what it reads and advances (_failed, _polled, _checked_at, _seq, world.closed), the
-        engine what it holds, `finish(prepared, seq, entry, status, started)` what it hands
-        a call over to that needs Python; it skips calls when the group last read the
-        transport `recheck_seconds` ago or longer (the group's own rule)."""
-        return self.native.fast_path(
-            group, engine, recorder if recorder.enabled else None, entry_type, finish,
-            RUNNING, COMPLETED, recheck_seconds,
+        """The group's compiled path (_native.CallPath) over this runner's arena: it reads
+        and advances the group's state (failed, polled, checked_at, seq) and holds the
+        engine's (its lock, idle), both C-owned records (_callstate.py), and hands a call
+        that needs Python to `finish(prepared, seq, entry, status, started)`; it skips
+        calls when the group last read the transport `recheck_seconds` ago or longer (the
+        group's own rule)."""
+        return self.native.call_path(
+            group.state, engine.state, recorder if recorder.enabled else None, entry_type,
+            finish, RUNNING, COMPLETED, recheck_seconds,
         )  # fmt: skip
 
     def resume(self, call: Call, status: int) -> None:
@@ -177,7 +179,7 @@ class NativeArenaRunner(BaseRunner):
         call: Call,
         share: tuple[int, int, int, int] | None,
     ) -> None:
-        rc = c.run(plan, inp, out, call.header.seq, _native.BUDGET_NS, share)
+        rc = c.run(plan, inp, out, call.header.seq, _shm_native.BUDGET_NS, share)
         if rc:  # it waited past the budget, or needs a judgement: the slow path
             self._finish(c, rc, out, call)
 
@@ -185,10 +187,10 @@ class NativeArenaRunner(BaseRunner):
         group, header = self.group, call.header
         poll = group._poller(header, call.deadline, call.label)
         while rc:
-            if rc == _native.PENDING:
+            if rc == _shm_native.PENDING:
                 poll(c.target)
-            elif rc == _native.CHECK:
+            elif rc == _shm_native.CHECK:
                 group._check_peer(c.peer, header, c.target)
             else:
                 c.set_views(group._peer_views(out, call.label))  # type: ignore[arg-type]
-            rc = c.resume(_native.BUDGET_NS)
+            rc = c.resume(_shm_native.BUDGET_NS)

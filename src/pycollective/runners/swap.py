@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 
 from ..transport._wire import Header
+from ..transport.tcp.transport import SWAP_DONE  # what TCPTransport.swap returns
 
 _new_header = tuple.__new__  # Header from a tuple, without NamedTuple's argument handling
-DONE, PENDING, DECLINED = 0, 1, -1  # what a transport's swap returns (TCPTransport.swap)
 MAX_SIGS = 16  # signatures remembered (the oldest is replaced)
 
 
@@ -167,22 +167,22 @@ class SwapFast:
         flags = obj.flags
         if not (flags.c_contiguous and flags.writeable):
             return False
-        group = self.group
-        if group._failed is not None or self.world.closed:
+        gs = self.group.state
+        if gs.failed is not None or self.world.closed:
             return False
         transport = self.transport
-        engine = self.engine
-        lock = engine._lock
+        es = self.engine.state
+        lock = es.lock
         if not lock.acquire(False):
             return False
         try:
-            if engine._running or engine._queue or engine._stopped or engine._p2p:
+            if es.running or es.queue or es.stopped or es.deferred:
                 return False
-            seq = group._seq
+            seq = gs.seq
             header = _new_header(Header, g.head + (seq, g.tag) + g.tail)
             if not transport.swap_ready(g.peer, header):
                 return False
-            group._seq = seq + 1
+            gs.seq = seq + 1
             recorder = self.recorder
             if recorder is not None:
                 f = g.fields
@@ -192,7 +192,7 @@ class SwapFast:
             started = entry.start() if entry is not None else time.monotonic()
             # (bytes: a partial send goes on from a byte offset, queued as any payload)
             rc = transport.swap(g.peer, header, memoryview(obj).cast("B"), g.into, True)
-            if rc == DONE:
+            if rc == SWAP_DONE:
                 g.kernel(obj, g.tmp)
                 if entry is not None:
                     entry.end()
@@ -200,8 +200,8 @@ class SwapFast:
                 return True
             # It needs the regular machinery: the engine runs this thread's job now (as
             # Engine.run would), and `finish` resumes the call and frees the engine.
-            engine._running = True
-            engine._owner = threading.get_ident()
+            es.running = True
+            es.owner = threading.get_ident()
         finally:
             lock.release()
         self.handed += 1

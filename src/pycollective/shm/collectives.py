@@ -105,13 +105,13 @@ SMALL_BYTES = 256 * 1024
 # measured faster than 256 or 512 KiB at p=2 (per-step Python work adds up below that).
 # PYCOLLECTIVE_SHM_CHUNK_BYTES overrides.
 CHUNK_BYTES = _config.VARS["PYCOLLECTIVE_SHM_CHUNK_BYTES"].default
-_ALIGN_BYTES = 64  # shares start on cache-line boundaries
+ALIGN_BYTES = 64  # shares start on cache-line boundaries
 
 
 @lru_cache(maxsize=1024)
 def _shares(m: int, p: int, itemsize: int) -> tuple[int, ...]:
     """Boundaries of p contiguous shares of m elements, on cache-line boundaries."""
-    align = max(1, _ALIGN_BYTES // itemsize)
+    align = max(1, ALIGN_BYTES // itemsize)
     cuts = [min(m, (m * q // p) // align * align) for q in range(p)]
     return (*cuts, m)
 

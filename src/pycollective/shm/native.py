@@ -5,7 +5,7 @@ The extension works on the same segment, control words and buffers as arena.py a
 collectives.py (same phases, same buffers, same share boundaries, the same fused
 reductions in rank order), so its results are those of the Python arena bit for bit, and
 a rank running one path meets a rank running the other in the same call. A call runs in C
-until it is done or needs Python (see _native/module.c): about every millisecond of
+until it is done or needs Python (see csrc/arena.h): about every millisecond of
 waiting (`poll`: deadline, abort notices, lost peers, exactly as the Python arena polls),
 when a peer's announcement differs from ours after the first wait (`check`: the caller
 decides whether that is a mismatch and words it), and when every rank's buffer may be
@@ -18,36 +18,26 @@ Python), runs the Python arena instead; the latter warns once, saying why.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
-from .. import _config
+from .. import _callstate, _config, _dtypes
+from .._reduce_ops import ReduceOp
+from . import arena as _arena
+from . import collectives as _coll
 from .arena import NBUF, Arena, affinity, layout
 
 try:
     from .. import _native
-
-    if getattr(_native, "__file__", None) is None:
-        # Not built, but its C sources' folder (pycollective/_native/) is there, and
-        # Python imports a folder without __init__.py as an empty namespace package.
-        raise ImportError("the extension is not built (only its C sources were found)")
 except ImportError as exc:  # not built: the Python arena runs
     _native = None  # type: ignore[assignment]
     _MISSING = f"{exc}"
 else:
     _MISSING = ""
 
-# Codes of the collectives the extension runs (module.c's C_* values).
-CODE = {
-    "all_reduce": 0,
-    "reduce": 1,
-    "broadcast": 2,
-    "all_gather": 3,
-    "reduce_scatter": 4,
-    "barrier": 5,
-}
-DONE, PENDING, CHECK, VIEWS = 0, 1, 2, 3  # what Arena.run and resume return (module.c)
+DONE, PENDING, CHECK, VIEWS = 0, 1, 2, 3  # what Arena.run and resume return (csrc/arena.h)
 BUDGET_NS = 1_000_000  # how long C waits before handing back to Python for a poll
 # Calls at least this large copy results into the caller's buffer with non-temporal stores
 # (they skip reading the destination in first: twice as fast from and to DRAM here, slower
@@ -69,11 +59,72 @@ OVERSUBSCRIBED_YIELD_SECONDS = 50e-6
 PINNED_SPIN_SECONDS = 100e-6
 
 
-def enabled() -> bool:
+def contract_differences(ext: Any, kind_code: Mapping[str, int] | None = None) -> list[str]:
+    """Where the values an extension compiled in differ from their definitions here (the
+    arena's layout, the status codes, dtype and op codes, the call state's fields; and with
+    `kind_code`, the wire's numbering of collectives, which transport/_wire.py defines):
+    Python is the definition, and C is checked against it rather than trusted to be a
+    copy."""
+    want = {
+        "WORDS": _arena.WORDS,
+        "EPOCH": _arena.EPOCH,
+        "SLEEPING": _arena.SLEEPING,
+        "SEQ": _arena.SEQ,
+        "KIND": _arena.KIND,
+        "ANN_WORDS": _arena.ALGO - _arena.KIND + 1,
+        "BUF_FD": _arena.BUF_FD,
+        "BUF_WORDS": _arena.BUF_LEN - _arena.BUF_FD + 1,
+        "MAX_RANKS": _arena.MAX_RANKS,
+        "ALIGN_BYTES": _coll.ALIGN_BYTES,
+        "SLEEP_NS": round(_arena.SLEEP_SECONDS * 1e9),
+        "SETTLE_SPINS": _arena.SETTLE_SPINS,
+        "DONE": DONE,
+        "PENDING": PENDING,
+        "CHECK": CHECK,
+        "VIEWS": VIEWS,
+    }
+    tables = [
+        ("", want, ext.CONSTANTS),
+        ("op ", {op.name: int(op) for op in ReduceOp}, ext.OP_CODE),
+        ("itemsize of dtype code ", {d.code: d.itemsize for d in _dtypes.BY_CODE.values()},
+         ext.ITEMSIZE),
+    ]  # fmt: skip
+    if kind_code is not None:
+        tables.append(("code of ", {k: kind_code.get(k) for k in ext.KIND_CODE}, ext.KIND_CODE))
+    return [
+        f"{what}{key}: {theirs.get(key)} in C, {mine.get(key)} in Python"
+        for what, mine, theirs in tables
+        for key in sorted(set(mine) | set(theirs), key=str)
+        if mine.get(key) != theirs.get(key)
+    ] + _callstate.differences(ext)
+
+
+if _native is not None and (_differences := contract_differences(_native)):
+    _MISSING = (
+        "it was built from other sources than this Python code (" + "; ".join(_differences)
+        + ")"
+    )  # fmt: skip
+    _native = None  # type: ignore[assignment]
+
+
+def enabled(kind_code: Mapping[str, int] | None = None) -> bool:
     """Whether arena calls run compiled: PYCOLLECTIVE_NATIVE is not 0 and the extension
-    loads (if it does not, one warning says why)."""
+    loads and agrees with Python's definitions, with `kind_code` (the wire's numbering of
+    collectives, given by a layer that may read it) too (if not, one warning says why)."""
     if _config.get("PYCOLLECTIVE_NATIVE") == "0":
         return False
+    if _native is not None and kind_code is not None:
+        differences = contract_differences(_native, kind_code)
+        if differences:
+            if _config.first_time("native-kinds"):
+                warnings.warn(
+                    "pycollective._native numbers collectives unlike transport/_wire.py ("
+                    + "; ".join(differences) + "); the shared-memory arena runs in Python. "
+                    "Rebuild with `pip install -e .` (or `make setup`).",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )  # fmt: skip
+            return False
     if _native is None:
         if _config.first_time("native-missing"):
             warnings.warn(
@@ -133,29 +184,28 @@ class NativeArena:
 
     def plan(
         self,
-        collective: str,
+        kind: int,
         dtype_code: int,
         op: int,
         root: int,
         divisor: int,
         header: tuple[int, int, int, int, int, int],
     ) -> object:
-        """The prepared call for this signature (cached): header is the announcement's
-        (kind, dtype, count, root, op, algo)."""
-        key = (collective, dtype_code, op, root, divisor, header)
+        """The prepared call for this signature (cached): `kind` is the collective's code
+        on the wire (transport/_wire.py KIND_CODE, which C shares), header the
+        announcement's (kind, dtype, count, root, op, algo)."""
+        key = (kind, dtype_code, op, root, divisor, header)
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) >= 4096:
                 self._plans.clear()
-            plan = self._plans[key] = _native.Plan(
-                CODE[collective], dtype_code, op, root, divisor, header
-            )
+            plan = self._plans[key] = _native.Plan(kind, dtype_code, op, root, divisor, header)
         return plan
 
-    def fast_path(
+    def call_path(
         self,
-        group: object,
-        engine: object,
+        group_state: _callstate.GroupState,
+        engine_state: _callstate.EngineState,
         recorder: object,
         entry_type: type,
         finish: Callable[..., None],
@@ -163,11 +213,12 @@ class NativeArena:
         completed: str,
         recheck_seconds: float,
     ) -> object:
-        """A group's compiled path of repeated calls over this arena (_native.Fast; see
-        module.c): calls that wait past BUDGET_NS are handed to `finish`."""
-        return _native.Fast(
-            self.c, group, engine, recorder, entry_type, finish, running, completed,
-            int(recheck_seconds * 1e9), BUDGET_NS,
+        """A group's compiled path of repeated calls over this arena (_native.CallPath; see
+        csrc/callpath.c), reading and writing the group's and its engine's state (C-owned:
+        _callstate.py): calls that wait past BUDGET_NS are handed to `finish`."""
+        return _native.CallPath(
+            self.c, group_state, engine_state, recorder, entry_type, finish, running,
+            completed, int(recheck_seconds * 1e9), BUDGET_NS,
         )  # fmt: skip
 
     def run(

@@ -134,9 +134,13 @@ static inline uint16_t bf16_store(float f)
         if ((avg) > 1) { float d_ = (float)(avg);                                          \
             for (size_t i = 0; i < (b_); i++) (o_)[i] = bf16_store(bf16_load(bf16_store((a_)[i])) / d_); } \
         else { STORE_WITH(bf16_store, o_, a_, b_) } } while (0)
-/* Integers: C's division truncates toward zero, as finish_average does. */
+/* Integers: C's division truncates toward zero, as finish_average does; in the common
+ * type of the element and the divisor (int64, or uint64 for uint64 elements), whose
+ * quotient fits the element's type. */
+#define AVG_T(a_, avg) __typeof__((a_)[0] + (avg))
 #define FIN_AVG_INT(o_, a_, b_, avg) do {                                                  \
-        if ((avg) > 1) { for (size_t i = 0; i < (b_); i++) (o_)[i] = (a_)[i] / (avg); }          \
+        if ((avg) > 1) { for (size_t i = 0; i < (b_); i++)                                 \
+            (o_)[i] = (__typeof__((a_)[0]))((AVG_T(a_, avg))(a_)[i] / (AVG_T(a_, avg))(avg)); } \
         else { STORE_WITH(ID, o_, a_, b_) } } while (0)
 
 /* ---- floating point ---- */

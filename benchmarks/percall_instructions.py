@@ -1,0 +1,103 @@
+"""Instructions a small call costs on the compiled per-call path, counted by callgrind.
+
+    python benchmarks/percall_instructions.py [--calls 5000] [--bytes 4] [--collective all_reduce]
+
+A 2-rank job over shared memory: rank 0 runs under `valgrind --tool=callgrind`, its peer
+natively (so rank 0 hardly ever waits). Rank 0 is run twice, making `--calls` more calls
+the second time; the difference of the two instruction totals divided by `--calls` is the
+cost of one call, with start-up and teardown cancelled out. Instruction counts do not
+depend on the machine's load (times do), so the number compares builds.
+`--python` runs the same calls with algorithm="shm", which the per-call path does not
+take: the Python path's cost in the same build.
+
+The per-call path leaves a call to the Python path when the transport was last read for
+abort notices a millisecond ago or more (core/group.py _RECHECK_SECONDS), and a rank under
+callgrind runs some fifty times slower: the worker stretches that millisecond to an hour,
+so that every repeated call is counted on the path it measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from pycollective._netutil import free_port
+
+WARM = 200  # calls before counting: the first of a signature runs the Python path
+
+
+def worker(calls: int, nbytes: int, collective: str, python: bool) -> None:
+    import pycollective as dist
+    from pycollective.core import group as _group
+
+    _group._RECHECK_SECONDS = 3600.0  # see the module's docstring
+    dist.init_process_group()
+    x = np.ones(max(1, nbytes // 4), np.float32)
+    kw = {"algorithm": "shm"} if python else {}
+    fn = {
+        "all_reduce": lambda: dist.all_reduce(x, **kw),
+        "broadcast": lambda: dist.broadcast(x, src=0, **kw),
+        "barrier": lambda: dist.barrier(),
+    }[collective]
+    for _ in range(WARM + calls):
+        fn()
+    fast = dist.group.WORLD.fast
+    if int(os.environ["RANK"]) == 0 and not python:
+        taken = 0 if fast is None else fast.calls
+        print(f"compiled calls: {taken} of {WARM + calls}", file=sys.stderr)
+    dist.destroy_process_group()
+
+
+def run(extra: int, args: argparse.Namespace, out: Path) -> int:
+    """Rank 0's instruction total for a job of WARM + args.base + extra calls."""
+    port = free_port()
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               PYCOLLECTIVE_TRANSPORT="shm", PYCOLLECTIVE_TIMEOUT="600")  # fmt: skip
+    cmd = [sys.executable, __file__, "--worker", "--calls", str(args.base + extra),
+           "--bytes", str(args.bytes), "--collective", args.collective]  # fmt: skip
+    if args.python:
+        cmd.append("--python")
+    peer = subprocess.Popen(cmd, env=dict(env, RANK="1"))
+    grind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+    done = subprocess.run(grind + cmd, env=dict(env, RANK="0"), capture_output=True, text=True)
+    peer.wait(timeout=600)
+    if done.returncode:
+        raise SystemExit(f"rank 0 failed:\n{done.stderr[-3000:]}")
+    print("".join(line for line in done.stderr.splitlines(True) if "compiled calls" in line),
+          end="")
+    totals = re.search(r"^(?:summary|totals): (\d+)", out.read_text(), re.M)
+    assert totals, f"no totals in {out}"
+    return int(totals.group(1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--calls", type=int, default=5000, help="calls counted (the difference)")
+    ap.add_argument("--base", type=int, default=500, help="calls of the shorter run")
+    ap.add_argument("--bytes", type=int, default=4)
+    ap.add_argument("--collective", default="all_reduce",
+                    choices=("all_reduce", "broadcast", "barrier"))  # fmt: skip
+    ap.add_argument("--python", action="store_true", help='algorithm="shm": the Python path')
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args.calls, args.bytes, args.collective, args.python)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        short = run(0, args, Path(tmp) / "short.out")
+        long = run(args.calls, args, Path(tmp) / "long.out")
+    per_call = (long - short) / args.calls
+    path = "Python" if args.python else "compiled per-call"
+    print(f"{args.collective} {args.bytes} B, p=2, {path} path: {per_call:,.0f} instructions a "
+          f"call (rank 0; {short:,} and {long:,} in all)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

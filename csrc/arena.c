@@ -1,0 +1,423 @@
+/* The arena's collectives as resumable state machines (see arena.h). */
+#include "arena.h"
+
+#include "wait.h"
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
+static inline char *slot(ArenaObject *a, int64_t buf, int q)
+{
+    return a->data + ((size_t)(buf % a->nbuf) * (size_t)a->size + (size_t)q) * (size_t)a->slot_bytes;
+}
+
+static inline char *region(ArenaObject *a, int64_t buf)
+{
+    return a->data + (size_t)(buf % a->nbuf) * (size_t)a->size * (size_t)a->slot_bytes;
+}
+
+static inline int64_t take(ArenaObject *a, int64_t n)
+{
+    int64_t b = a->next_buf;
+    a->next_buf = (int)((b + n) % a->nbuf);
+    return b;
+}
+
+/* Resumable waits and yields inside a state machine's switch (c->pc). */
+#define WAIT_FOR(T)                                                                        \
+    do {                                                                                   \
+        c->target = (T);                                                                   \
+        c->reached = 0;                                                                    \
+        c->wpeer = 0;                                                                      \
+        c->wstarted = 0;                                                                   \
+        c->pc = __LINE__;                                                                  \
+    case __LINE__:;                                                                        \
+        int rc_ = pyc_phase_wait(a, c, end);                                               \
+        if (rc_)                                                                           \
+            return rc_;                                                                    \
+    } while (0)
+
+#define YIELD(STATUS)                                                                      \
+    do {                                                                                   \
+        c->pc = __LINE__;                                                                  \
+        return (STATUS);                                                                   \
+    case __LINE__:;                                                                        \
+    } while (0)
+
+static inline int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
+
+/* Boundary q (0..p) of p contiguous shares of m elements, on cache-line boundaries. */
+static inline int64_t cut(int64_t m, int p, int q, size_t itemsize)
+{
+    if (q >= p)
+        return m;
+    int64_t align = ALIGN_BYTES / (int64_t)itemsize;
+    if (align < 1)
+        align = 1;
+    return min64(m, (m * q / p) / align * align);
+}
+
+static inline void copy(ArenaObject *a, void *dst, const void *src, size_t bytes)
+{
+    if (bytes >= NOGIL_BYTES)
+        nogil(a);
+    if (dst != src)
+        memmove(dst, src, bytes);
+}
+
+/* A copy into the caller's buffer of a call too large to stay in cache: non-temporal
+ * stores skip reading the destination's lines in first (measured about twice memcpy's
+ * speed from DRAM to DRAM here; slower when the data would have stayed in cache, hence
+ * the threshold). Slots are written normally: a peer reads them next, from cache. */
+static void copy_out(ArenaObject *a, call_t *c, void *dst, const void *src, size_t bytes)
+{
+#if defined(__x86_64__)
+    if ((size_t)c->n * c->plan.itemsize >= (size_t)a->nt_bytes && bytes >= 4096 && dst != src) {
+        nogil(a);
+        char *d = dst;
+        const char *s = src;
+        size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+        memcpy(d, s, head);
+        d += head, s += head, bytes -= head;
+        size_t i = 0;
+        for (; i + 64 <= bytes; i += 64) {
+            __m128i x0 = _mm_loadu_si128((const __m128i *)(s + i));
+            __m128i x1 = _mm_loadu_si128((const __m128i *)(s + i + 16));
+            __m128i x2 = _mm_loadu_si128((const __m128i *)(s + i + 32));
+            __m128i x3 = _mm_loadu_si128((const __m128i *)(s + i + 48));
+            _mm_stream_si128((__m128i *)(d + i), x0);
+            _mm_stream_si128((__m128i *)(d + i + 16), x1);
+            _mm_stream_si128((__m128i *)(d + i + 32), x2);
+            _mm_stream_si128((__m128i *)(d + i + 48), x3);
+        }
+        _mm_sfence();
+        memcpy(d + i, s + i, bytes - i);
+        return;
+    }
+#endif
+    copy(a, dst, src, bytes);
+}
+
+static inline void reduce_into(ArenaObject *a, call_t *c, void *out, const void *const *srcs,
+                               int64_t n)
+{
+    if ((size_t)n * c->plan.itemsize >= NOGIL_BYTES)
+        nogil(a);
+    c->plan.kernel(out, srcs, a->size, (size_t)n, c->plan.avg);
+}
+
+/* ---- all_reduce and reduce: the software pipeline of shm/collectives.py _reduce ---- */
+
+static void rd_copy_in(ArenaObject *a, call_t *c, int64_t s, int64_t buf)
+{
+    const size_t isz = c->plan.itemsize;
+    char *chunk = c->out + (size_t)(s * c->per) * isz;
+    int64_t m = min64(c->per, c->n - s * c->per);
+    int64_t lo = cut(m, a->size, a->rank, isz), hi = cut(m, a->size, a->rank + 1, isz);
+    char *mine = slot(a, buf, a->rank);
+    copy(a, mine, chunk, (size_t)lo * isz); /* the others' shares; mine is reduced from `chunk` */
+    copy(a, mine + (size_t)hi * isz, chunk + (size_t)hi * isz, (size_t)(m - hi) * isz);
+}
+
+static void rd_reduce_share(ArenaObject *a, call_t *c, int64_t s, int64_t buf)
+{
+    const size_t isz = c->plan.itemsize;
+    const int p = a->size, r = a->rank;
+    char *chunk = c->out + (size_t)(s * c->per) * isz;
+    int64_t m = min64(c->per, c->n - s * c->per);
+    int64_t lo = cut(m, p, r, isz), hi = cut(m, p, r + 1, isz);
+    if (hi <= lo)
+        return;
+    const void *srcs[MAX_RANKS];
+    for (int q = 0; q < p; q++)
+        srcs[q] = q == r ? chunk + (size_t)lo * isz : slot(a, buf, q) + (size_t)lo * isz;
+    char *mine = slot(a, buf, r) + (size_t)lo * isz;
+    reduce_into(a, c, mine, srcs, hi - lo);
+    if (c->writes)
+        copy_out(a, c, chunk + (size_t)lo * isz, mine, (size_t)(hi - lo) * isz);
+}
+
+static void rd_copy_out(ArenaObject *a, call_t *c, int64_t s, int64_t buf)
+{
+    const size_t isz = c->plan.itemsize;
+    char *chunk = c->out + (size_t)(s * c->per) * isz;
+    int64_t m = min64(c->per, c->n - s * c->per);
+    for (int q = 0; q < a->size; q++) {
+        if (q == a->rank)
+            continue;
+        int64_t lo = cut(m, a->size, q, isz), hi = cut(m, a->size, q + 1, isz);
+        if (hi > lo)
+            copy_out(a, c, chunk + (size_t)lo * isz, slot(a, buf, q) + (size_t)lo * isz, (size_t)(hi - lo) * isz);
+    }
+}
+
+/* Straight from every rank's shared buffer (shm/collectives.py _direct). */
+static int run_direct(ArenaObject *a, call_t *c, int64_t end)
+{
+    const size_t isz = c->plan.itemsize;
+    const int p = a->size, r = a->rank;
+    switch (c->pc) {
+    case 0:
+        nogil(a);
+        for (c->s = 0; c->s <= c->k; c->s++) {
+            if (c->s < c->k) {
+                int64_t lo0 = c->s * c->per, m = min64(c->per, c->n - lo0);
+                int64_t lo = lo0 + cut(m, p, r, isz), hi = lo0 + cut(m, p, r + 1, isz);
+                if (hi > lo) {
+                    const void *srcs[MAX_RANKS];
+                    for (int q = 0; q < p; q++)
+                        srcs[q] = c->views[q] + (size_t)lo * isz;
+                    char *dst = c->views[c->plan.root < 0 ? r : c->plan.root];
+                    reduce_into(a, c, dst + (size_t)lo * isz, srcs, hi - lo);
+                }
+            }
+            if (c->s >= 1) {
+                WAIT_FOR(c->target);
+                if (c->plan.root < 0) { /* the others' reduced shares of the previous chunk */
+                    int64_t lo0 = (c->s - 1) * c->per, m = min64(c->per, c->n - lo0);
+                    for (int q = 0; q < p; q++) {
+                        int64_t lo = lo0 + cut(m, p, q, isz), hi = lo0 + cut(m, p, q + 1, isz);
+                        if (q != r && hi > lo)
+                            copy_out(a, c, c->views[r] + (size_t)lo * isz, c->views[q] + (size_t)lo * isz,
+                                     (size_t)(hi - lo) * isz);
+                    }
+                }
+            }
+            c->target = pyc_bump(a);
+        }
+        /* nobody returns (and lets its buffer change) while a peer still reads it */
+        WAIT_FOR(c->target);
+    }
+    return ST_DONE;
+}
+
+static int run_reduce(ArenaObject *a, call_t *c, int64_t end)
+{
+    const int p = a->size, r = a->rank;
+    const size_t isz = c->plan.itemsize;
+    if (c->direct)
+        return run_direct(a, c, end);
+    switch (c->pc) {
+    case 0:
+        if (p == 1)
+            break;
+        if ((int64_t)((size_t)c->n * isz) <= min64(a->small_bytes, a->slot_bytes)) {
+            c->b = take(a, 1);
+            memcpy(slot(a, c->b, r), c->out, (size_t)c->n * isz);
+            WAIT_FOR(pyc_bump(a));
+            if (c->plan.root < 0 || c->plan.root == r) {
+                const void *srcs[MAX_RANKS];
+                for (int q = 0; q < p; q++)
+                    srcs[q] = slot(a, c->b, q);
+                reduce_into(a, c, c->out, srcs, c->n);
+            }
+            break;
+        }
+        nogil(a);
+        c->per = min64(a->slot_bytes, a->chunk_bytes) / (int64_t)isz;
+        if (c->per < 1)
+            c->per = 1;
+        c->k = (c->n + c->per - 1) / c->per;
+        c->writes = c->plan.root < 0 || c->plan.root == r;
+        c->base = take(a, 1);
+        rd_copy_in(a, c, 0, c->base);
+        c->target = pyc_bump(a);
+        c->waited = 0;
+        if (c->shared) {
+            /* every rank has announced its buffer: all see the same answer */
+            WAIT_FOR(c->target);
+            c->waited = 1;
+            YIELD(ST_VIEWS);
+            if (c->have_views) {
+                c->direct = 1;
+                c->pc = 0;
+                return run_direct(a, c, end);
+            }
+        }
+        if (c->k > 1)
+            take(a, c->k - 1); /* buffers base+1 .. base+k-1, consecutive with base */
+        for (c->s = 1; c->s < c->k + 2; c->s++) {
+            if (c->s < c->k)
+                rd_copy_in(a, c, c->s, c->base + c->s);
+            if (!c->waited)
+                WAIT_FOR(c->target);
+            c->waited = 0;
+            if (c->s <= c->k)
+                rd_reduce_share(a, c, c->s - 1, c->base + c->s - 1);
+            if (c->s >= 2 && c->writes)
+                rd_copy_out(a, c, c->s - 2, c->base + c->s - 2);
+            if (c->s <= c->k)
+                c->target = pyc_bump(a);
+        }
+    }
+    return ST_DONE;
+}
+
+/* ---- broadcast, all_gather, reduce_scatter: one phase per chunk (_pipeline) ---- */
+
+static void pl_put(ArenaObject *a, call_t *c, int64_t s, int64_t buf)
+{
+    const size_t isz = c->plan.itemsize;
+    const int p = a->size, r = a->rank;
+    int64_t lo = s * c->per, m = min64(c->per, c->n - lo);
+    switch (c->plan.coll) {
+    case C_BROADCAST:
+        if (r == c->plan.root)
+            copy(a, region(a, buf), c->out + (size_t)lo * isz, (size_t)m * isz);
+        break;
+    case C_ALL_GATHER:
+        copy(a, slot(a, buf, r), c->in + (size_t)lo * isz, (size_t)m * isz);
+        /* my own block of the output, chunk by chunk while the input is in cache (and
+         * while the peers catch up), instead of all of it before the first phase */
+        copy_out(a, c, c->out + (size_t)(r * c->n + lo) * isz, c->in + (size_t)lo * isz, (size_t)m * isz);
+        break;
+    case C_REDUCE_SCATTER: {
+        char *mine = slot(a, buf, r);
+        for (int q = 0; q < p; q++)
+            if (q != r)
+                copy(a, mine + (size_t)(q * m) * isz, c->in + (size_t)(q * c->n + lo) * isz,
+                     (size_t)m * isz);
+        break;
+    }
+    }
+}
+
+static void pl_get(ArenaObject *a, call_t *c, int64_t s, int64_t buf)
+{
+    const size_t isz = c->plan.itemsize;
+    const int p = a->size, r = a->rank;
+    int64_t lo = s * c->per, m = min64(c->per, c->n - lo);
+    switch (c->plan.coll) {
+    case C_BROADCAST:
+        if (r != c->plan.root)
+            copy_out(a, c, c->out + (size_t)lo * isz, region(a, buf), (size_t)m * isz);
+        break;
+    case C_ALL_GATHER:
+        for (int q = 0; q < p; q++)
+            if (q != r)
+                copy_out(a, c, c->out + (size_t)(q * c->n + lo) * isz, slot(a, buf, q),
+                         (size_t)m * isz);
+        break;
+    case C_REDUCE_SCATTER: {
+        const void *srcs[MAX_RANKS];
+        for (int q = 0; q < p; q++)
+            srcs[q] = q == r ? c->in + (size_t)(r * c->n + lo) * isz
+                             : slot(a, buf, q) + (size_t)(r * m) * isz;
+        reduce_into(a, c, c->out + (size_t)lo * isz, srcs, m);
+        break;
+    }
+    }
+}
+
+static int run_pipeline(ArenaObject *a, call_t *c, int64_t end)
+{
+    const int p = a->size;
+    const size_t isz = c->plan.itemsize;
+    switch (c->pc) {
+    case 0:
+        switch (c->plan.coll) {
+        case C_BROADCAST:
+            c->per = p * a->slot_bytes / (int64_t)isz;
+            break;
+        case C_ALL_GATHER:
+            c->per = a->slot_bytes / (int64_t)isz;
+            break;
+        case C_REDUCE_SCATTER:
+            c->per = a->slot_bytes / (int64_t)isz / p;
+            if (c->per < 1)
+                c->per = 1;
+            if (p == 1) {
+                copy(a, c->out, c->in, (size_t)c->n * isz);
+                return ST_DONE;
+            }
+            break;
+        }
+        c->k = c->n > 0 ? (c->n + c->per - 1) / c->per : 1; /* an empty call: one phase */
+        c->base = take(a, c->k);
+        for (c->s = 0; c->s <= c->k; c->s++) {
+            if (c->s < c->k)
+                pl_put(a, c, c->s, c->base + c->s);
+            if (c->s >= 1) {
+                WAIT_FOR(c->target);
+                pl_get(a, c, c->s - 1, c->base + c->s - 1);
+            }
+            if (c->s < c->k)
+                c->target = pyc_bump(a);
+        }
+    }
+    return ST_DONE;
+}
+
+static int run_barrier(ArenaObject *a, call_t *c, int64_t end)
+{
+    switch (c->pc) {
+    case 0:
+        WAIT_FOR(pyc_bump(a));
+    }
+    return ST_DONE;
+}
+
+/* Runs the current call until it ends or needs the caller; restores the GIL. */
+int pyc_step(ArenaObject *a, int64_t budget_ns)
+{
+    call_t *c = &a->c;
+    int64_t end = now_ns() + (budget_ns > 0 ? budget_ns : 0);
+    int rc;
+    a->ts = NULL;
+    switch (c->plan.coll) {
+    case C_ALL_REDUCE:
+    case C_REDUCE:
+        rc = run_reduce(a, c, end);
+        break;
+    case C_BARRIER:
+        rc = run_barrier(a, c, end);
+        break;
+    default:
+        rc = run_pipeline(a, c, end);
+    }
+    if (a->ts) {
+        PyEval_RestoreThread(a->ts);
+        a->ts = NULL;
+    }
+    if (rc == ST_DONE) {
+        c->pc = -1; /* nothing to resume */
+        for (int i = 0; i < 3; i++)
+            Py_CLEAR(a->keep[i]);
+    }
+    return rc;
+}
+
+/* The announcement is a seqlock: SEQ is 0 while the words change. */
+void pyc_start_call(ArenaObject *a, const PlanObject *plan, char *in, char *out, int64_t n,
+                    int64_t seq, const int64_t *shared, PyObject *inobj, PyObject *outobj)
+{
+    call_t *c = &a->c;
+    int64_t *blk = word(a, a->rank, 0);
+    st(&blk[SEQ], 0);
+    for (int i = 0; i < BUF_WORDS; i++)
+        st(&blk[BUF_FD + i], shared[i]);
+    for (int i = 0; i < ANN_WORDS; i++)
+        st(&blk[KIND + i], plan->ann[i]);
+    st(&blk[SEQ], seq + 1);
+
+    for (int i = 0; i < 3; i++)
+        Py_CLEAR(a->keep[i]);
+    if (inobj) {
+        Py_INCREF(inobj);
+        a->keep[0] = inobj;
+    }
+    if (outobj) {
+        Py_INCREF(outobj);
+        a->keep[1] = outobj;
+    }
+    c->pc = 0;
+    c->direct = 0;
+    memcpy(&c->plan, plan, sizeof *plan);
+    c->seq = seq;
+    c->in = in;
+    c->out = out;
+    c->n = n;
+    c->check_next = 0;
+    c->shared = shared[0] != 0 && (plan->coll == C_ALL_REDUCE || plan->coll == C_REDUCE);
+    c->have_views = 0;
+}

@@ -1,0 +1,600 @@
+/* The per-call path of repeated calls (see callpath.h). */
+#include "callpath.h"
+
+#include <structmember.h>
+
+#include "arena.h"
+#include "arena_type.h"
+#include "callstate.h"
+#include "plan.h"
+
+/* A group's compiled per-call path (core/group.py `fast`, runners/native.py). The first
+ * call of a signature runs the whole Python path (every check, the runner's plan); if it
+ * succeeds, the group registers the signature here (`add`): the buffer's type, format and
+ * length, the op or root object as the caller passed it (held, compared by identity), the
+ * compiled Plan and the flight-recorder fields of the call. A later call with the same
+ * signature then goes from the API function straight to `callpath_run`, which does what
+ * ProcessGroup.run_collective does, in C, on the group's and the engine's C-owned state
+ * (callstate.h: no attribute is looked up by name, so no rename on the Python side can
+ * turn this path off unnoticed): the group is usable and the transport was checked less
+ * than a millisecond ago (else it returns False and the caller runs the Python path,
+ * which checks it), the engine is idle (its lock is held for the call, so no other
+ * thread can start one), the sequence number, the flight-recorder entry (written
+ * into the ring's preallocated Entry, field by field at the offsets of its __slots__),
+ * the announcement and the compiled collective. A call that is done returns True. One that
+ * needs Python (a wait past the budget, a peer's differing announcement) is handed to
+ * `finish(prepared, seq, entry, status, started)`: the engine is marked running by this
+ * thread and unlocked first, and `finish` resumes the call with the Python runner's polls
+ * and checks and raises exactly as the Python path would. Anything this path does
+ * not know returns False before it touches anything. */
+
+static const char *const entry_fields[] = {
+    "id", "seq", "state", "t_issued", "t_started", "t_ended", "error", "culprits",
+    /* the signature's own, the same in every call of it: */
+    "group", "group_name", "kind", "count", "dtype", "algorithm", "op", "root", "detail",
+};
+enum { E_ID, E_SEQ, E_STATE, E_ISSUED, E_STARTED, E_ENDED, E_ERROR, E_CULPRITS, E_STATIC,
+       E_COUNT = (int)(sizeof entry_fields / sizeof *entry_fields) };
+#define E_NSTATIC (E_COUNT - E_STATIC)
+#define PATH_SIGS 16
+/* The collectives this path repeats, and their rows of the signature table. */
+enum { ROW_ALL_REDUCE, ROW_BROADCAST, ROW_BARRIER, PATH_ROWS };
+
+static inline int sig_row(int coll)
+{
+    return coll == C_ALL_REDUCE ? ROW_ALL_REDUCE
+         : coll == C_BROADCAST  ? ROW_BROADCAST
+         : coll == C_BARRIER    ? ROW_BARRIER
+                                : -1;
+}
+#define FORMAT_CHARS 8
+
+typedef struct {
+    PyObject *type;     /* the buffer's type (NULL: a free slot) */
+    PyObject *key;      /* op (all_reduce), src (broadcast) as passed; Py_None for barrier */
+    PyObject *plan;     /* PlanObject */
+    PyObject *prepared; /* handed back to `finish` */
+    PyObject *fields[E_NSTATIC];
+    Py_ssize_t len;
+    int writes;
+    char format[FORMAT_CHARS];
+} call_sig;
+
+typedef struct {
+    PyObject_HEAD
+    ArenaObject *arena;
+    GroupStateObject *group;   /* the group's state: usable, polled, checked, its seq */
+    EngineStateObject *engine; /* its engine's: idle, and its lock */
+    PyObject *acquire, *release, *recorder, *ring, *finish;
+    PyObject *entry_type, *running, *completed, *empty_str, *empty_tuple, *zero;
+    Py_ssize_t capacity;
+    Py_ssize_t off[E_COUNT];
+    int64_t recheck_ns, budget_ns;
+    int64_t calls;  /* calls this path ran (tests, benchmarks) */
+    int64_t handed; /* of which handed to `finish` */
+    int nsig, evict;
+    call_sig sig[PATH_ROWS][PATH_SIGS];
+    int count[PATH_ROWS];
+} CallPathObject;
+
+static PyObject *s_next, *s_ring, *s_capacity, *s_acquire, *s_release;
+
+static void sig_clear(call_sig *g)
+{
+    Py_CLEAR(g->type);
+    Py_CLEAR(g->key);
+    Py_CLEAR(g->plan);
+    Py_CLEAR(g->prepared);
+    for (int i = 0; i < E_NSTATIC; i++)
+        Py_CLEAR(g->fields[i]);
+}
+
+static int CallPath_traverse(CallPathObject *f, visitproc visit, void *arg)
+{
+    Py_VISIT(f->arena);
+    Py_VISIT(f->group);
+    Py_VISIT(f->engine);
+    Py_VISIT(f->acquire);
+    Py_VISIT(f->release);
+    Py_VISIT(f->recorder);
+    Py_VISIT(f->ring);
+    Py_VISIT(f->finish);
+    Py_VISIT(f->entry_type);
+    for (int k = 0; k < PATH_ROWS; k++)
+        for (int i = 0; i < f->count[k]; i++) {
+            call_sig *g = &f->sig[k][i];
+            Py_VISIT(g->type);
+            Py_VISIT(g->key);
+            Py_VISIT(g->plan);
+            Py_VISIT(g->prepared);
+            for (int j = 0; j < E_NSTATIC; j++)
+                Py_VISIT(g->fields[j]);
+        }
+    return 0;
+}
+
+static int CallPath_clear(CallPathObject *f)
+{
+    Py_CLEAR(f->arena);
+    Py_CLEAR(f->group);
+    Py_CLEAR(f->engine);
+    Py_CLEAR(f->acquire);
+    Py_CLEAR(f->release);
+    Py_CLEAR(f->recorder);
+    Py_CLEAR(f->ring);
+    Py_CLEAR(f->finish);
+    Py_CLEAR(f->entry_type);
+    Py_CLEAR(f->running);
+    Py_CLEAR(f->completed);
+    Py_CLEAR(f->empty_str);
+    Py_CLEAR(f->empty_tuple);
+    Py_CLEAR(f->zero);
+    for (int k = 0; k < PATH_ROWS; k++) {
+        for (int i = 0; i < f->count[k]; i++)
+            sig_clear(&f->sig[k][i]);
+        f->count[k] = 0;
+    }
+    f->capacity = 0;
+    return 0;
+}
+
+static void CallPath_dealloc(CallPathObject *f)
+{
+    PyObject_GC_UnTrack(f);
+    CallPath_clear(f);
+    Py_TYPE(f)->tp_free((PyObject *)f);
+}
+
+/* CallPath(arena, group_state, engine_state, recorder, entry_type, finish, running,
+ *          completed, recheck_ns, budget_ns) */
+static int CallPath_init(CallPathObject *f, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"arena", "group_state", "engine_state", "recorder", "entry_type",
+                             "finish", "running", "completed", "recheck_ns", "budget_ns", NULL};
+    PyObject *arena, *group, *engine, *recorder, *entry_type, *finish, *running, *completed;
+    long long recheck_ns, budget_ns;
+    if (f->arena) {
+        PyErr_SetString(PyExc_RuntimeError, "CallPath is already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!OO!OUULL", kwlist, &ArenaType, &arena,
+                                     &GroupStateType, &group, &EngineStateType, &engine,
+                                     &recorder, &PyType_Type, &entry_type, &finish, &running,
+                                     &completed, &recheck_ns, &budget_ns))
+        return -1;
+    f->recheck_ns = recheck_ns;
+    f->budget_ns = budget_ns;
+    f->arena = (ArenaObject *)Py_NewRef(arena);
+    f->group = (GroupStateObject *)Py_NewRef(group);
+    f->engine = (EngineStateObject *)Py_NewRef(engine);
+    f->finish = Py_NewRef(finish);
+    f->entry_type = Py_NewRef(entry_type);
+    f->running = Py_NewRef(running);
+    f->completed = Py_NewRef(completed);
+    f->empty_str = PyUnicode_FromString("");
+    f->empty_tuple = PyTuple_New(0);
+    f->zero = PyFloat_FromDouble(0.0);
+    if (!f->empty_str || !f->empty_tuple || !f->zero)
+        return -1;
+    if (!f->engine->lock || !f->engine->queue || !f->engine->deferred ||
+        !PyList_Check(f->engine->deferred)) {
+        PyErr_SetString(PyExc_TypeError, "CallPath: the engine state is not initialised");
+        return -1;
+    }
+    f->acquire = PyObject_GetAttr(f->engine->lock, s_acquire);
+    f->release = PyObject_GetAttr(f->engine->lock, s_release);
+    if (!f->acquire || !f->release)
+        return -1;
+    f->capacity = 0;
+    if (recorder != Py_None) {
+        PyObject *cap = PyObject_GetAttr(recorder, s_capacity);
+        if (!cap)
+            return -1;
+        f->capacity = PyLong_AsSsize_t(cap);
+        Py_DECREF(cap);
+        if (f->capacity < 0)
+            return PyErr_Occurred() ? -1 : 0;
+        if (!(f->ring = PyObject_GetAttr(recorder, s_ring)))
+            return -1;
+        if (!PyList_CheckExact(f->ring) || PyList_GET_SIZE(f->ring) != f->capacity) {
+            PyErr_SetString(PyExc_TypeError, "CallPath: the recorder's ring must be a list of capacity entries");
+            return -1;
+        }
+        f->recorder = Py_NewRef(recorder);
+    }
+    /* Where the Entry keeps each field: its __slots__' member descriptors. */
+    for (int i = 0; i < E_COUNT; i++) {
+        PyObject *d = PyObject_GetAttrString(entry_type, entry_fields[i]);
+        if (!d)
+            return -1;
+        int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+                 ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
+        if (ok)
+            f->off[i] = ((PyMemberDescrObject *)d)->d_member->offset;
+        Py_DECREF(d);
+        if (!ok) {
+            PyErr_Format(PyExc_TypeError, "CallPath: %s is not a slot of the entry type",
+                         entry_fields[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static inline PyObject *slot_get(PyObject *obj, Py_ssize_t off)
+{
+    return *(PyObject **)((char *)obj + off);
+}
+
+/* Set a slot of an entry; steals `v`. */
+static inline void slot_put(PyObject *obj, Py_ssize_t off, PyObject *v)
+{
+    PyObject **p = (PyObject **)((char *)obj + off);
+    PyObject *old = *p;
+    *p = v;
+    Py_XDECREF(old);
+}
+
+static int buffer_of(PyObject *obj, Py_buffer *v)
+{
+    if (PyObject_GetBuffer(obj, v, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    return 0;
+}
+
+/* add(obj, key, plan, prepared, entry) -> bool: register a signature (obj: the buffer of the
+ * call, None for a barrier; entry: its flight-recorder entry, for the fields every call of
+ * it shares). */
+static PyObject *CallPath_add(CallPathObject *f, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "add(obj, key, plan, prepared, entry)");
+        return NULL;
+    }
+    PyObject *obj = args[0], *key = args[1], *entry = args[4];
+    if (!PyObject_TypeCheck(args[2], &PlanType)) {
+        PyErr_SetString(PyExc_TypeError, "add: plan must be a Plan");
+        return NULL;
+    }
+    PlanObject *plan = (PlanObject *)args[2];
+    if (!f->arena)
+        Py_RETURN_FALSE;
+    int coll = plan->coll, row = sig_row(coll);
+    if (row < 0)
+        Py_RETURN_FALSE;
+    if (f->capacity && !Py_IS_TYPE(entry, (PyTypeObject *)f->entry_type))
+        Py_RETURN_FALSE;
+    call_sig g = {0};
+    if (coll != C_BARRIER) {
+        Py_buffer v;
+        if (buffer_of(obj, &v) < 0)
+            Py_RETURN_FALSE;
+        const char *fmt = v.format ? v.format : "B";
+        int ok = strlen(fmt) < FORMAT_CHARS && v.len == plan->ann[2] * (int64_t)plan->itemsize;
+        if (ok) {
+            strcpy(g.format, fmt);
+            g.len = v.len;
+        }
+        PyBuffer_Release(&v);
+        if (!ok)
+            Py_RETURN_FALSE;
+        g.writes = !(coll == C_BROADCAST && plan->root == f->arena->rank);
+    }
+    call_sig *list = f->sig[row];
+    int i = 0;
+    while (i < f->count[row] && !(list[i].type == (PyObject *)Py_TYPE(obj) && list[i].key == key &&
+                                   list[i].len == g.len && !strcmp(list[i].format, g.format)))
+        i++;
+    if (i == PATH_SIGS) { /* full: replace one, round robin */
+        i = f->evict;
+        f->evict = (f->evict + 1) % PATH_SIGS;
+    }
+    if (i == f->count[row])
+        f->count[row]++;
+    else
+        sig_clear(&list[i]);
+    g.type = Py_NewRef((PyObject *)Py_TYPE(obj));
+    g.key = Py_NewRef(key);
+    g.plan = Py_NewRef((PyObject *)plan);
+    g.prepared = Py_NewRef(args[3]);
+    for (int j = 0; j < E_NSTATIC; j++)
+        g.fields[j] = f->capacity ? Py_XNewRef(slot_get(entry, f->off[E_STATIC + j])) : NULL;
+    list[i] = g;
+    Py_RETURN_TRUE;
+}
+
+static inline void unlock(CallPathObject *f)
+{
+    PyObject *r = PyObject_CallNoArgs(f->release);
+    if (r)
+        Py_DECREF(r);
+    else
+        PyErr_WriteUnraisable(f->release);
+}
+
+static PyObject *callpath_run(CallPathObject *f, int coll, PyObject *obj, PyObject *key)
+{
+    ArenaObject *a = f->arena;
+    if (!a || !a->ctrl || a->c.pc >= 0)
+        Py_RETURN_FALSE; /* released, or a call left half done: the Python path knows */
+    call_sig *g = NULL;
+    call_sig *list = f->sig[sig_row(coll)];
+    const int nsig = f->count[sig_row(coll)];
+    char *buf = NULL;
+    PyObject *tp = (PyObject *)Py_TYPE(obj);
+    if (coll == C_BARRIER) {
+        if (nsig)
+            g = &list[0];
+    } else {
+        int i = 0;
+        while (i < nsig && !(list[i].key == key && list[i].type == tp))
+            i++;
+        if (i == nsig)
+            Py_RETURN_FALSE;
+        Py_buffer v;
+        if (buffer_of(obj, &v) < 0)
+            Py_RETURN_FALSE;
+        const char *fmt = v.format ? v.format : "B";
+        for (; i < nsig; i++) {
+            call_sig *s = &list[i];
+            if (s->key == key && s->type == tp && s->len == v.len && !strcmp(s->format, fmt) &&
+                !(s->writes && v.readonly)) {
+                g = s;
+                break;
+            }
+        }
+        buf = v.buf; /* obj is kept alive (keep[1]) while the call runs */
+        PyBuffer_Release(&v);
+    }
+    if (!g)
+        Py_RETURN_FALSE;
+
+    /* The group's state, as run_collective checks it (a destroyed world's engine is
+     * stopped: close_world). */
+    GroupStateObject *group = f->group;
+    EngineStateObject *engine = f->engine;
+    if (group->failed != Py_None || engine->stopped != Py_False || group->polled != Py_True ||
+        !group->checked_at || !PyFloat_CheckExact(group->checked_at))
+        Py_RETURN_FALSE;
+    int64_t t0 = now_ns();
+    double checked = PyFloat_AS_DOUBLE(group->checked_at);
+    if (!((double)t0 * 1e-9 - checked < (double)f->recheck_ns * 1e-9))
+        Py_RETURN_FALSE; /* time to read the transport for abort notices: Python does */
+
+    /* The engine: idle, and held until the call is done or handed over. */
+    PyObject *got = PyObject_CallOneArg(f->acquire, Py_False);
+    if (!got) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    Py_DECREF(got);
+    if (got != Py_True)
+        Py_RETURN_FALSE;
+    PyObject *entry = NULL, *seqobj = NULL, *id = NULL, *nextid = NULL;
+    Py_ssize_t queued = PyObject_Size(engine->queue);
+    if (queued < 0)
+        goto error;
+    if (engine->running != Py_False || engine->stopped != Py_False || queued ||
+        PyList_GET_SIZE(engine->deferred) || !group->seq || !PyLong_CheckExact(group->seq))
+        goto decline;
+
+    /* The sequence number, and the flight recorder's next entry. */
+    const long long seq = PyLong_AsLongLong(group->seq);
+    if (seq == -1 && PyErr_Occurred())
+        goto error;
+    seqobj = Py_NewRef(group->seq);
+    if (f->capacity) {
+        if (!(id = PyObject_GetAttr(f->recorder, s_next)))
+            goto error;
+        Py_ssize_t i = PyLong_AsSsize_t(id);
+        if (i < 0) {
+            if (PyErr_Occurred())
+                goto error;
+            goto decline;
+        }
+        if (PyList_GET_SIZE(f->ring) != f->capacity)
+            goto decline;
+        PyObject *e = PyList_GET_ITEM(f->ring, i % f->capacity);
+        if (!Py_IS_TYPE(e, (PyTypeObject *)f->entry_type))
+            goto decline;
+        if (!(nextid = PyLong_FromSsize_t(i + 1)) ||
+            PyObject_SetAttr(f->recorder, s_next, nextid) < 0)
+            goto error;
+        entry = Py_NewRef(e);
+    }
+    PyObject *nextseq = PyLong_FromLongLong(seq + 1);
+    if (!nextseq)
+        goto error;
+    Py_SETREF(group->seq, nextseq);
+    Py_CLEAR(nextid);
+    PyObject *started = PyFloat_FromDouble((double)t0 * 1e-9);
+    if (!started)
+        goto error;
+    if (entry) {
+        slot_put(entry, f->off[E_ID], id);
+        id = NULL;
+        slot_put(entry, f->off[E_SEQ], Py_NewRef(seqobj));
+        for (int j = 0; j < E_NSTATIC; j++)
+            slot_put(entry, f->off[E_STATIC + j], Py_XNewRef(g->fields[j]));
+        slot_put(entry, f->off[E_STATE], Py_NewRef(f->running));
+        slot_put(entry, f->off[E_ISSUED], Py_NewRef(started));
+        slot_put(entry, f->off[E_STARTED], Py_NewRef(started));
+        slot_put(entry, f->off[E_ENDED], Py_NewRef(f->zero));
+        slot_put(entry, f->off[E_ERROR], Py_NewRef(f->empty_str));
+        slot_put(entry, f->off[E_CULPRITS], Py_NewRef(f->empty_tuple));
+    }
+
+    /* The call itself. */
+    PlanObject *plan = (PlanObject *)g->plan;
+    static const int64_t unshared[BUF_WORDS] = {0, 0, 0, 0};
+    int64_t n = buf ? (int64_t)(g->len / (Py_ssize_t)plan->itemsize) : 0;
+    pyc_start_call(a, plan, NULL, buf, n, seq, unshared, NULL, buf ? obj : NULL);
+    /* Another thread may change the table while this one waits without the GIL. */
+    PyObject *prepared = Py_NewRef(g->prepared);
+    g = NULL;
+    int rc = pyc_step(a, f->budget_ns);
+    if (rc == ST_DONE) {
+        if (entry) {
+            PyObject *ended = PyFloat_FromDouble((double)now_ns() * 1e-9);
+            slot_put(entry, f->off[E_STATE], Py_NewRef(f->completed));
+            slot_put(entry, f->off[E_ENDED], ended ? ended : Py_NewRef(started));
+            PyErr_Clear();
+            Py_DECREF(entry);
+        }
+        Py_DECREF(started);
+        Py_DECREF(seqobj);
+        Py_DECREF(prepared);
+        f->calls++;
+        unlock(f);
+        Py_RETURN_TRUE;
+    }
+    /* It needs Python: the engine runs this thread's job now (Engine.run's state), then
+     * `finish` resumes the call, raises as the Python path does, and frees the engine. */
+    {
+        PyObject *owner = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+        if (owner) {
+            Py_XSETREF(engine->running, Py_NewRef(Py_True));
+            Py_XSETREF(engine->owner, owner);
+        }
+        unlock(f);
+        if (!owner) {
+            Py_XDECREF(entry);
+            Py_DECREF(started);
+            Py_DECREF(seqobj);
+            Py_DECREF(prepared);
+            return NULL;
+        }
+        f->handed++;
+        PyObject *st = PyLong_FromLong(rc);
+        PyObject *fargs[5] = {prepared, seqobj, entry ? entry : Py_None, st, started};
+        PyObject *res = st ? PyObject_Vectorcall(f->finish, fargs, 5, NULL) : NULL;
+        Py_DECREF(prepared);
+        Py_XDECREF(st);
+        Py_XDECREF(entry);
+        Py_DECREF(started);
+        Py_DECREF(seqobj);
+        if (!res)
+            return NULL;
+        Py_DECREF(res);
+        f->calls++;
+        Py_RETURN_TRUE;
+    }
+
+decline:
+    Py_XDECREF(entry);
+    Py_XDECREF(seqobj);
+    Py_XDECREF(id);
+    Py_XDECREF(nextid);
+    unlock(f);
+    Py_RETURN_FALSE;
+error:
+    Py_XDECREF(entry);
+    Py_XDECREF(seqobj);
+    Py_XDECREF(id);
+    Py_XDECREF(nextid);
+    unlock(f);
+    return NULL;
+}
+
+/* all_reduce(tensor, op) -> True if done (or raised), False: run the Python path */
+static PyObject *CallPath_all_reduce(CallPathObject *f, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "all_reduce(tensor, op)");
+        return NULL;
+    }
+    return callpath_run(f, C_ALL_REDUCE, args[0], args[1]);
+}
+
+/* broadcast(tensor, src) */
+static PyObject *CallPath_broadcast(CallPathObject *f, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "broadcast(tensor, src)");
+        return NULL;
+    }
+    return callpath_run(f, C_BROADCAST, args[0], args[1]);
+}
+
+static PyObject *CallPath_barrier(CallPathObject *f, PyObject *Py_UNUSED(ignored))
+{
+    return callpath_run(f, C_BARRIER, Py_None, Py_None);
+}
+
+static PyObject *CallPath_forget(CallPathObject *f, PyObject *Py_UNUSED(ignored))
+{
+    for (int k = 0; k < PATH_ROWS; k++) {
+        for (int i = 0; i < f->count[k]; i++)
+            sig_clear(&f->sig[k][i]);
+        f->count[k] = 0;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *CallPath_get_calls(CallPathObject *f, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(f->calls);
+}
+
+static PyObject *CallPath_get_handed(CallPathObject *f, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(f->handed);
+}
+
+static PyObject *CallPath_get_size(CallPathObject *f, void *Py_UNUSED(closure))
+{
+    int n = 0;
+    for (int k = 0; k < PATH_ROWS; k++)
+        n += f->count[k];
+    return PyLong_FromLong(n);
+}
+
+static PyMethodDef CallPath_methods[] = {
+    {"all_reduce", (PyCFunction)(void (*)(void))CallPath_all_reduce, METH_FASTCALL,
+     "all_reduce(tensor, op) -> True if it ran the call, False: run the Python path"},
+    {"broadcast", (PyCFunction)(void (*)(void))CallPath_broadcast, METH_FASTCALL,
+     "broadcast(tensor, src) -> True if it ran the call, False: run the Python path"},
+    {"barrier", (PyCFunction)CallPath_barrier, METH_NOARGS,
+     "barrier() -> True if it ran the call, False: run the Python path"},
+    {"add", (PyCFunction)(void (*)(void))CallPath_add, METH_FASTCALL,
+     "add(obj, key, plan, prepared, entry) -> bool: register a call signature"},
+    {"forget", (PyCFunction)CallPath_forget, METH_NOARGS, "drop every signature"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef CallPath_getset[] = {
+    {"calls", (getter)CallPath_get_calls, NULL, "calls this path completed", NULL},
+    {"handed", (getter)CallPath_get_handed, NULL, "calls it handed to `finish`", NULL},
+    {"size", (getter)CallPath_get_size, NULL, "signatures registered", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject CallPathType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pycollective._native.CallPath",
+    .tp_doc = "CallPath(arena, group_state, engine_state, recorder, entry_type, finish, running, "
+              "completed, recheck_ns, budget_ns): a group's compiled path of repeated calls.",
+    .tp_basicsize = sizeof(CallPathObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)CallPath_init,
+    .tp_dealloc = (destructor)CallPath_dealloc,
+    .tp_traverse = (traverseproc)CallPath_traverse,
+    .tp_clear = (inquiry)CallPath_clear,
+    .tp_methods = CallPath_methods,
+    .tp_getset = CallPath_getset,
+};
+
+int pyc_callpath_names(void)
+{
+    struct { PyObject **name; const char *text; } names[] = {
+        {&s_next, "_next"}, {&s_ring, "_ring"}, {&s_capacity, "capacity"},
+        {&s_acquire, "acquire"}, {&s_release, "release"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (!*names[i].name && !(*names[i].name = PyUnicode_InternFromString(names[i].text)))
+            return -1;
+    return 0;
+}
