@@ -2,12 +2,12 @@
 Sanitizer, and separately with ThreadSanitizer, each into build/sanitize/<name>/ (the
 normal build in src/ and .venv is left alone), and the tests that drive the C core run
 under each: the arena's battery, the compiled per-call path, ranks killed mid-call and the
-torch backend's completion threads.
+torch backend's async works.
 
     python tools/sanitize/run.py [--only asan,tsan] [--pytest-args "-x -k bits"]
 
-CPython is not instrumented: gcc's sanitizer runtime is preloaded (LD_PRELOAD) into every
-process, and tools/sanitize/site/sitecustomize.py (on PYTHONPATH, which the ranks the tests
+CPython is not instrumented: the compiler's sanitizer runtime is preloaded (LD_PRELOAD) into
+every process, and tools/sanitize/site/sitecustomize.py (on PYTHONPATH, which the ranks the tests
 start inherit) makes each process import the sanitized extension. Every report goes to a
 file in build/sanitize/<name>/reports/ (whichever process made it, even a rank whose
 failure a test expects); a run passes only with none there, its canary reported (a
@@ -99,7 +99,10 @@ SANITIZERS = {
         name="asan",
         cc="clang",
         # -fno-sanitize-recover=all: a UBSan finding ends the process like an ASan one.
-        # -shared-libsan: the runtime as a shared library, the one preloaded.
+        # -shared-libsan: the runtime as a shared library, the one preloaded. Python's own
+        # CFLAGS (setup.py's base) carry -fwrapv, so signed overflow is defined here as in
+        # the shipped build and not reported; the rest of "undefined" is. clang ignores
+        # the kernels' `#pragma GCC target("arch=...")`: their C is checked, not their ISA.
         flags=("-fsanitize=address,undefined,float-cast-overflow",
                "-fno-sanitize-recover=all", "-shared-libsan", *DEBUG),  # fmt: skip
         runtime="libclang_rt.asan-x86_64.so",
