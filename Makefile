@@ -17,7 +17,7 @@ APT_PACKAGES := openmpi-bin libopenmpi-dev mpich
 APT_SMALL := slurmctld slurmd slurm-client munge etcd-server clang
 
 .PHONY: setup system-deps test faults demo bench compare multihost torch-suite lint clean \
-	setup-ray test-ray bench-ray
+	setup-ray test-ray bench-ray sanitize
 
 setup: $(STAMP)
 
@@ -148,6 +148,18 @@ torch-suite: setup
 		$(PY) tests/torch/torch_suite.py $(TORCH_SUITE_ARGS) --world-size $$n \
 			--json benchmarks/results/torch_suite_ws$$n.json || status=1; \
 	done; exit $$status
+
+# The compiled core under sanitizers (not part of `test`): pycollective._native built with
+# AddressSanitizer + UndefinedBehaviorSanitizer (clang) and with ThreadSanitizer (gcc), each
+# into build/sanitize/ (the install in .venv is left alone), and the tests that drive the C
+# run under each: the arena's battery, the compiled per-call path, ranks killed mid-call,
+# the torch backend's async works (tools/sanitize/run.py lists them and says why). Fails on
+# any report. Installs clang, llvm-symbolizer and the runtimes when missing and run as root.
+APT_SANITIZE := clang llvm libclang-rt-dev libtsan2
+SANITIZE_ARGS ?=
+sanitize: setup
+	@$(MAKE) --no-print-directory system-deps APT_SMALL="$(APT_SMALL) $(APT_SANITIZE)"
+	$(PY) tools/sanitize/run.py $(SANITIZE_ARGS)
 
 lint: setup lint-c
 	$(VENV)/bin/ruff check .

@@ -116,3 +116,9 @@ def describe(r: RankResult) -> str:
         f"rank {r.rank} (exit {r.returncode})\n"
         f"stdout:\n{r.stdout[-2500:]}\nstderr:\n{r.stderr[-2500:]}"
     )
+
+
+def within(seconds: float) -> float:
+    """A latency bound of a test, stretched by SANITIZE_TIME_SCALE: `make sanitize`
+    (tools/sanitize/run.py) runs the same tests on a build several times slower."""
+    return seconds * float(os.environ.get("SANITIZE_TIME_SCALE", "1"))

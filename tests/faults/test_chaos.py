@@ -4,6 +4,7 @@ driver, tools/faults.py, runs 50 kills and more; see `make faults`)."""
 from __future__ import annotations
 
 import pytest
+from tests._launch import within
 from tests.faults._chaos import kill_run, sigint_run
 
 
@@ -19,7 +20,7 @@ def test_kill_9_reaches_every_survivor_and_the_launcher_names_the_rank(
     assert res.ok, (res.problems, res.errors, res.stderr_tail)
     assert sorted(res.raise_seconds) == sorted(set(range(nprocs)) - {victim})
     # connection loss is noticed at once, not at the (60 s) timeout
-    assert max(res.raise_seconds.values()) < 2.0, res.raise_seconds
+    assert max(res.raise_seconds.values()) < within(2.0), res.raise_seconds
     assert all(f"rank {victim}" in e for e in res.errors.values()), res.errors
 
 
