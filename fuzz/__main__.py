@@ -11,8 +11,9 @@ import importlib
 import importlib.util
 import os
 import sys
+from pathlib import Path
 
-from . import TARGETS
+from . import INSTRUMENT, TARGETS
 
 
 def _load_native(path: str) -> None:
@@ -25,6 +26,21 @@ def _load_native(path: str) -> None:
     spec.loader.exec_module(module)
 
 
+def _modules_except(keep: tuple[str, ...]) -> list[str]:
+    """Every module of pycollective (found on disk, nothing imported) outside `keep`:
+    atheris's `include` takes whole top-level packages only, its `exclude` exact names."""
+    spec = importlib.util.find_spec("pycollective")
+    assert spec is not None and spec.submodule_search_locations  # noqa: S101
+    root = Path(next(iter(spec.submodule_search_locations)))
+    names = ["pycollective"]
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names.append(".".join(("pycollective", *parts)))
+    return [n for n in names if not any(n == k or n.startswith(k + ".") for k in keep)]
+
+
 def main(argv: list[str]) -> None:
     if len(argv) < 2 or argv[1] not in TARGETS:
         raise SystemExit(f"usage: python -m fuzz TARGET [libFuzzer args]; targets: {TARGETS}")
@@ -34,7 +50,8 @@ def main(argv: list[str]) -> None:
     native = os.environ.get("PYCOLLECTIVE_FUZZ_NATIVE")
     if native:
         _load_native(native)
-    with atheris.instrument_imports(include=["pycollective"]):
+    keep = INSTRUMENT[name]
+    with atheris.instrument_imports(include=["pycollective"], exclude=_modules_except(keep)):
         target = importlib.import_module(f"fuzz.targets.{name}")
     atheris.Setup([f"fuzz-{name}", *argv[2:]], target.check)
     atheris.Fuzz()

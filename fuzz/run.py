@@ -60,28 +60,33 @@ def command(target: str, seconds: float, work: Path, extra: list[str] | None = N
     ]  # fmt: skip
 
 
+def parse(target: str, returncode: int, out: str, started: float) -> Result:
+    """A target's run, from libFuzzer's output (-print_final_stats=1)."""
+    runs = re.search(r"stat::number_of_executed_units:\s*(\d+)", out)
+    took = re.search(r"Done (\d+) runs in (\d+) second", out)
+    artifact = re.search(r"Test unit written to (\S+)", out)
+    return Result(
+        target=target,
+        ok=returncode == 0,
+        runs=int(runs.group(1)) if runs else 0,
+        seconds=float(took.group(2)) if took else time.monotonic() - started,
+        output=out,
+        artifact=artifact.group(1) if artifact else None,
+    )
+
+
 def run(target: str, seconds: float, work: Path, env: dict[str, str] | None = None) -> Result:
     t0 = time.monotonic()
     proc = subprocess.run(
         command(target, seconds, work),
         cwd=REPO,
         env={**os.environ, **(env or {})},
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
         timeout=seconds + 10 * TIMEOUT_SECONDS + 120,
     )
-    out = proc.stdout + proc.stderr
-    runs = re.search(r"stat::number_of_executed_units:\s*(\d+)", out)
-    took = re.search(r"Done (\d+) runs in (\d+) second", out)
-    artifact = re.search(r"Test unit written to (\S+)", out)
-    return Result(
-        target=target,
-        ok=proc.returncode == 0,
-        runs=int(runs.group(1)) if runs else 0,
-        seconds=float(took.group(2)) if took else time.monotonic() - t0,
-        output=out,
-        artifact=artifact.group(1) if artifact else None,
-    )
+    return parse(target, proc.returncode, proc.stdout, t0)
 
 
 def report(r: Result) -> str:

@@ -382,7 +382,7 @@ def _decode_array(r: _Reader, as_torch: bool) -> Any:
             return arr
         try:
             return torch.from_numpy(arr)
-        except TypeError:  # a dtype torch has no tensors of (long double, say)
+        except (TypeError, ValueError):  # a dtype torch lacks: long double, big-endian
             raise CollectiveError(f"malformed object payload: no tensor of dtype {dt}") from None
     return arr
 
