@@ -45,6 +45,8 @@ class _Rank0:
     """Rank 0 of a `size`-rank arena whose peers the input plays."""
 
     def __init__(self, size: int) -> None:
+        if not _arena.available():
+            raise RuntimeError("arena_words needs a writable /dev/shm, as the arena does")
         seg = _arena.Segment.create(_arena.layout(size, SLOT)[2])
         seg.unlink()  # nothing left in /dev/shm, whatever happens
         self.arena = _arena.Arena(seg, size, 0, SLOT, cores=1, ranks=tuple(range(size)))
