@@ -63,13 +63,18 @@ def _beside(t0: TCPTransport, t2: TCPTransport) -> None:
 
     th = threading.Thread(target=rank2)
     th.start()
-    t0.exchange(
-        [OutMessage(2, _BESIDE, memoryview(out0))],
-        [InMessage(2, _BESIDE, memoryview(in0))],
-        time.monotonic() + 10,
-        2,
-    )
-    th.join(10)
+    try:
+        t0.exchange(
+            [OutMessage(2, _BESIDE, memoryview(out0))],
+            [InMessage(2, _BESIDE, memoryview(in0))],
+            time.monotonic() + 10,
+            2,
+        )
+    except BaseException:
+        t2.interrupt("rank 0 gave up this call")  # rank 2 stops waiting for it now
+        raise
+    finally:
+        th.join(10)
     assert not errors, errors
     assert bytes(in0) == out2 and bytes(in2) == out0, "the group beside got wrong data"
 
