@@ -5,8 +5,9 @@ handshake, the serializer's own payloads, and control blocks real arena ranks wr
     python -m fuzz.make_corpus [--out fuzz/corpus]
 
 Each seed is named by the SHA-1 of its bytes (libFuzzer's naming), so running this again
-adds nothing twice. Crash inputs that became regression tests live beside them
-(regression-*), written by hand from the fuzzer's artifacts and kept by this script.
+adds only seeds whose bytes differ (a real handshake's nonces are fresh each time). The
+inputs the fuzzers found, which became regression tests, live beside them (regression-*:
+the fuzzer's artifact, renamed) and are left alone here.
 """
 
 from __future__ import annotations
