@@ -7,7 +7,8 @@ handshake, the serializer's own payloads, and control blocks real arena ranks wr
 Each seed is named by the SHA-1 of its bytes (libFuzzer's naming), so running this again
 adds only seeds whose bytes differ (a real handshake's nonces are fresh each time). The
 inputs the fuzzers found, which became regression tests, live beside them (regression-*:
-the fuzzer's artifact, renamed) and are left alone here.
+the fuzzer's artifact renamed, or a smallest input of the same bug) and are left
+alone here.
 """
 
 from __future__ import annotations
