@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,15 @@ def _newest_input() -> float:
     return max(f.stat().st_mtime for f in files if f.exists())
 
 
+def _archive(rt: Path, name: str) -> Path:
+    """clang's static runtime `name`: clang 14 (Debian 12) names it by architecture,
+    newer clangs keep it in a folder of the target without the suffix."""
+    for path in (rt / f"libclang_rt.{name}-{platform.machine()}.a", rt / f"libclang_rt.{name}.a"):
+        if path.exists():
+            return path
+    raise SystemExit(f"no {name} runtime in {rt} (Debian: apt-get install libclang-rt-dev)")
+
+
 def _runtime(clang: str, out: Path) -> Path:
     """ASan's runtime and libFuzzer (without its main) as one preloadable library."""
     lib = out / "asan_with_fuzzer.so"
@@ -46,13 +56,7 @@ def _runtime(clang: str, out: Path) -> Path:
     rt = subprocess.run(
         [clang, "--print-runtime-dir"], capture_output=True, text=True, check=True
     ).stdout.strip()
-    asan, fuzzer = (
-        Path(rt) / "libclang_rt.asan-x86_64.a",
-        Path(rt) / "libclang_rt.fuzzer_no_main-x86_64.a",
-    )
-    for a in (asan, fuzzer):
-        if not a.exists():
-            raise SystemExit(f"{a} is missing (Debian: apt-get install libclang-rt-dev)")
+    asan, fuzzer = _archive(Path(rt), "asan"), _archive(Path(rt), "fuzzer_no_main")
     with tempfile.TemporaryDirectory() as tmp:
         objects = []
         for archive in (asan, fuzzer):
