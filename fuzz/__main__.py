@@ -53,6 +53,11 @@ def main(argv: list[str]) -> None:
     keep = INSTRUMENT[name]
     with atheris.instrument_imports(include=["pycollective"], exclude=_modules_except(keep)):
         target = importlib.import_module(f"fuzz.targets.{name}")
+    if native:
+        from pycollective.shm import native as shm_native
+
+        if getattr(shm_native._native, "__file__", None) != native:
+            raise SystemExit(f"pycollective runs {shm_native._native}, not {native}")
     atheris.Setup([f"fuzz-{name}", *argv[2:]], target.check)
     atheris.Fuzz()
 
