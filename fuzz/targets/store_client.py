@@ -5,8 +5,7 @@ The input's first byte picks the request (set, set_lease, get, add, compare_set,
 check, delete_key, num_keys); the rest is the byte stream the server answers with after
 the handshake. Contract: the call returns what its signature says (None, bytes, an int,
 a bool) or raises StoreError, whatever the server sent, and so does the next call on the
-same client (which, after a broken answer, raises StoreError at once rather than read a
-stale one).
+same client.
 """
 
 from __future__ import annotations
