@@ -34,6 +34,7 @@ RSS_LIMIT_MB = 2048
 class Result:
     target: str
     ok: bool
+    returncode: int
     runs: int
     seconds: float
     output: str
@@ -68,6 +69,7 @@ def parse(target: str, returncode: int, out: str, started: float) -> Result:
     return Result(
         target=target,
         ok=returncode == 0,
+        returncode=returncode,
         runs=int(runs.group(1)) if runs else 0,
         seconds=float(took.group(2)) if took else time.monotonic() - started,
         output=out,
@@ -96,7 +98,7 @@ def report(r: Result) -> str:
         line for line in r.output.splitlines()[-60:] if not line.startswith("INFO: Instrumenting")
     )
     replay = f"python -m fuzz {r.target} {r.artifact}" if r.artifact else "(no input written)"
-    return f"{r.target:18s} FAILED after {r.runs} inputs; replay: {replay}\n{tail}"
+    return f"{r.target:18s} FAILED ({r.returncode}) after {r.runs} inputs; replay: {replay}\n{tail}"
 
 
 def main() -> None:

@@ -66,12 +66,26 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict):
-        if list(a.keys()) != list(b.keys()) or not all(_same(a[k], b[k]) for k in a):
+        if len(a) != len(b):
+            return False
+        pairs = zip(a.items(), b.items(), strict=True)  # keys in order: NaN keys too
+        if not all(_same(ka, kb) and _same(va, vb) for (ka, va), (kb, vb) in pairs):
             return False
         if isinstance(a, collections.OrderedDict):
             return _same(getattr(a, "_metadata", None), getattr(b, "_metadata", None))
         return True
-    return a == b  # None, bools, ints, strings, bytes, sets (their items are hashable)
+    if isinstance(a, (set, frozenset)):
+        return sorted(map(_canon, a)) == sorted(map(_canon, b))
+    return a == b  # None, bools, ints, strings, bytes
+
+
+def _canon(x: Any) -> tuple:
+    """A hashable item as comparable data: NaN equal to NaN, sets in a fixed order."""
+    if isinstance(x, (set, frozenset)):
+        return (type(x).__name__, tuple(sorted(map(_canon, x))))
+    if isinstance(x, tuple):
+        return ("tuple", tuple(map(_canon, x)))
+    return (type(x).__name__, repr(x))
 
 
 def _tensor_bytes(t: Any) -> bytes:
