@@ -12,11 +12,11 @@ APT_PACKAGES := openmpi-bin libopenmpi-dev mpich
 # Slurm's daemons and client and munge, for the srun and sbatch jobs of tests/api/test_slurm.py
 # (each test starts and stops a cluster of its own), and etcd (3.4), the replicated store of
 # the elastic jobs that survive the loss of any host (tests start their own members:
-# tests/_etcd.py), and clang (`make lint` builds the compiled core with it as well as gcc);
-# without their recommends: only these.
-APT_SMALL := slurmctld slurmd slurm-client munge etcd-server clang
+# tests/_etcd.py), and clang with its runtimes (`make lint` builds the compiled core with it
+# as well as gcc; libFuzzer and AddressSanitizer for `make fuzz`); without their recommends.
+APT_SMALL := slurmctld slurmd slurm-client munge etcd-server clang libclang-rt-dev
 
-.PHONY: setup system-deps test faults demo bench compare multihost torch-suite lint clean \
+.PHONY: setup system-deps test faults fuzz demo bench compare multihost torch-suite lint clean \
 	setup-ray test-ray bench-ray sanitize
 
 setup: $(STAMP)
@@ -77,13 +77,23 @@ bench-ray: setup-ray
 	$(RAY_PY) benchmarks/ray_bench.py $(BENCH_RAY_ARGS) --json benchmarks/results/ray.json
 
 # Fault injection (not part of `test`; several minutes): 50 kill -9 runs, every kind of
-# mismatched call, 12,000 fuzz inputs beside a live job, a 100,000-call soak, SIGINT runs,
+# mismatched call, every fuzz target for 2 minutes (the compiled core's under ASan) and
+# their corpora against a live job's store, a 100,000-call soak, SIGINT runs,
 # 20 launcher runs with a rank killed, 20 kill -9 in a row in one elastic job, the attack
 # suite (tests/security) three times over with floods of 2,000 connections, and (root) an
 # elastic job across 4 namespace hosts on a 3-member etcd: 3 etcd members lost alone, 20
 # hosts killed whole and 10 cut off then killed, each replaced, then the quorum lost.
 faults: setup
 	$(PY) tools/faults.py
+
+# Fuzzing (docs/security.md): every target of fuzz/ (a parser that reads a peer's bytes)
+# under atheris for FUZZ_SECONDS each, seeded with fuzz/corpus/; arena_words against the
+# compiled core built by clang for coverage and AddressSanitizer (out/fuzz/native). What
+# a fuzzer finds is written to out/fuzz/<target>/ and fails the run. `make test` runs each
+# target for a few seconds, `make faults` for minutes.
+FUZZ_SECONDS ?= 60
+fuzz: setup
+	$(PY) -m fuzz.run --seconds $(FUZZ_SECONDS) --native
 
 # The main job: when does ring all-reduce replace the parameter server? The 30 MB
 # Fashion-MNIST model: accuracy (1 process vs 2 workers, DDP on pycollective, and gradient

@@ -444,17 +444,25 @@ def _vars() -> tuple[Var, ...]:
     ]
     tests = [
         Var(
-            "PYCOLLECTIVE_FUZZ_EXAMPLES",
-            POSITIVE,
+            "PYCOLLECTIVE_FUZZ_SECONDS",
+            SECONDS,
             None,
-            "Inputs per fuzz test (tests, make faults).",
+            "Seconds each fuzz target of fuzz/ runs in the test suite (default 1).",
+            "tests",
+        ),
+        Var(
+            "PYCOLLECTIVE_FUZZ_NATIVE",
+            PATH,
+            None,
+            "An instrumented build of pycollective._native the fuzz targets load "
+            "(python -m fuzz.native; make fuzz).",
             "tests",
         ),
         Var(
             "PYCOLLECTIVE_FUZZ_REPORT",
             PATH,
             None,
-            "Where the fuzz tests report (make faults).",
+            "Where the store attacks beside a live job report (make faults).",
             "tests",
         ),
         Var("PYCOLLECTIVE_TEST_JOB", NAME, None, "Tags the test suite's jobs.", "tests"),

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import pickle
+import re
 import struct
 from typing import Any
 
@@ -51,6 +52,7 @@ _U64 = struct.Struct("<Q")
 _F64 = struct.Struct("<d")
 _C128 = struct.Struct("<dd")
 _PLAIN_KINDS = frozenset("biufc")  # no object, void/structured or datetime dtypes
+_DTYPE_STR = re.compile(rb"[<>|=][biufc][0-9]{1,2}")  # a plain dtype's .str: "<f8", "|b1"
 NAMES = ("auto", "pickle", "safe")
 
 _chosen: str | None = None
@@ -310,9 +312,13 @@ def _decode_dtype(r: _Reader) -> np.dtype:
     if r.take(1) != b"s":
         raise CollectiveError("malformed object payload: dtype name expected")
     name = r.take(r.u32())
+    # Only what _dtype_name writes (a plain dtype's .str): numpy's own parser of dtype
+    # strings takes far more, and raises what it likes (SyntaxError from "(,", say).
+    if _DTYPE_STR.fullmatch(name) is None:
+        raise CollectiveError(f"malformed object payload: bad dtype {name[:40]!r}")
     try:
         dt = np.dtype(name.decode("ascii"))
-    except (TypeError, ValueError, UnicodeDecodeError):
+    except TypeError:  # a size no type has ("<f3")
         raise CollectiveError(f"malformed object payload: bad dtype {name[:40]!r}") from None
     if dt.kind not in _PLAIN_KINDS:
         raise CollectiveError(f"malformed object payload: dtype {dt} is not allowed")
@@ -342,10 +348,15 @@ def _decode_tensor(r: _Reader) -> Any:
     nbytes = n * dtype.itemsize
     if nbytes > len(r.data) - r.pos:  # judged before anything is allocated
         raise CollectiveError("malformed object payload: tensor larger than the payload")
-    if not n:
-        return torch.empty(shape, dtype=dtype)
-    raw = torch.frombuffer(bytearray(r.take(nbytes)), dtype=torch.uint8)
-    return raw.view(dtype).reshape(shape)
+    try:
+        if not n:
+            return torch.empty(shape, dtype=dtype)
+        raw = torch.frombuffer(bytearray(r.take(nbytes)), dtype=torch.uint8)
+        return raw.view(dtype).reshape(shape)
+    except (RuntimeError, TypeError, ValueError):  # a shape or dtype torch refuses
+        raise CollectiveError(
+            f"malformed object payload: no {name[:40]} tensor of shape {shape}"
+        ) from None
 
 
 def _decode_array(r: _Reader, as_torch: bool) -> Any:
@@ -360,13 +371,19 @@ def _decode_array(r: _Reader, as_torch: bool) -> Any:
     nbytes = n * dt.itemsize
     if nbytes > len(r.data) - r.pos:  # judged before anything is allocated
         raise CollectiveError("malformed object payload: array larger than the payload")
-    arr = np.frombuffer(r.take(nbytes), dtype=dt).reshape(shape).copy()
+    try:
+        arr = np.frombuffer(r.take(nbytes), dtype=dt).reshape(shape).copy()
+    except ValueError:  # a shape numpy refuses (a dimension past its limit, say)
+        raise CollectiveError(f"malformed object payload: no array of shape {shape}") from None
     if as_torch:
         try:
             import torch
         except ImportError:
             return arr
-        return torch.from_numpy(arr)
+        try:
+            return torch.from_numpy(arr)
+        except (TypeError, ValueError):  # a dtype torch lacks: long double, big-endian
+            raise CollectiveError(f"malformed object payload: no tensor of dtype {dt}") from None
     return arr
 
 

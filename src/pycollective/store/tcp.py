@@ -437,6 +437,13 @@ class TCPStore(Store):
             raise StoreError(payload.decode("utf-8", "replace"))
         return status, payload
 
+    def _integer(self, op: Op, payload: bytes) -> int:
+        """The integer a server answered `op` with; anything else is a broken server."""
+        try:
+            return int(payload.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            self._fail(f"{self._where()} answered {op.name} with {payload[:32]!r}, not an integer")
+
     def _fail(self, reason: str) -> NoReturn:
         # The stream may be mid-frame, so the connection cannot be reused: every later
         # call fails with the same reason instead of reading a stale answer.
@@ -465,7 +472,7 @@ class TCPStore(Store):
 
     def add(self, key: str, amount: int) -> int:
         _, payload = self._request(Op.ADD, [encode_key(key), str(int(amount)).encode("ascii")])
-        return int(payload)
+        return self._integer(Op.ADD, payload)
 
     def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
         args = [encode_key(key), encode_value(expected), encode_value(desired)]
@@ -476,7 +483,10 @@ class TCPStore(Store):
         seconds = self._resolve(timeout)
         status, payload = self._request(Op.WAIT, [encode_key(k) for k in names], seconds)
         if status is Status.TIMEOUT:
-            missing = [m.decode("utf-8", "replace") for m in unpack_args(payload)]
+            try:
+                missing = [m.decode("utf-8", "replace") for m in unpack_args(payload)]
+            except ProtocolError as exc:
+                self._fail(f"{self._where()} sent a bad list of missing keys: {exc}")
             raise timeout_error(names, seconds, self._where(), missing)
 
     def check(self, keys: Sequence[str]) -> bool:
@@ -487,7 +497,7 @@ class TCPStore(Store):
         return self._request(Op.DELETE, [encode_key(key)])[1] == b"1"
 
     def num_keys(self) -> int:
-        return int(self._request(Op.NUM_KEYS, [])[1])
+        return self._integer(Op.NUM_KEYS, self._request(Op.NUM_KEYS, [])[1])
 
     def close(self) -> None:
         sock = self._sock

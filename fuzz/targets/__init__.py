@@ -1,0 +1,1 @@
+"""The fuzz targets, one parser each (see fuzz/__init__.py)."""
