@@ -116,7 +116,9 @@ bench: setup
 		--plot benchmarks/results/bench.png
 
 # pycollective beside torch's gloo and OpenMPI (mpi4py) in the same ranks, one run: all_reduce
-# 4 B..64 MiB, broadcast/all_gather/reduce_scatter 64 MiB, TCP only, 4 ranks on 2 cores.
+# 4 B..64 MiB, broadcast/all_gather/reduce_scatter 64 MiB, TCP only, 4 ranks on 2 cores,
+# and across two network-namespace hosts (root; 2 hosts x 1 and x 2 ranks, one TCP stream's
+# goodput as the reference; COMPARE_ARGS="--xhost-runs 10" for the spread the issue asks).
 # Prints markdown tables (the README's), writes benchmarks/results/compare_peers.{json,md};
 # then TLS against plain TCP in the same ranks, on loopback and across two namespace hosts
 # (benchmarks/results/tls_cost.json, docs/security.md).
