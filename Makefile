@@ -12,8 +12,9 @@ APT_PACKAGES := openmpi-bin libopenmpi-dev mpich
 # Slurm's daemons and client and munge, for the srun and sbatch jobs of tests/api/test_slurm.py
 # (each test starts and stops a cluster of its own), and etcd (3.4), the replicated store of
 # the elastic jobs that survive the loss of any host (tests start their own members:
-# tests/_etcd.py); without their recommends: only these.
-APT_SMALL := slurmctld slurmd slurm-client munge etcd-server
+# tests/_etcd.py), and stress-ng (compare_peers.py --stress: CPU load beside the jobs);
+# without their recommends: only these.
+APT_SMALL := slurmctld slurmd slurm-client munge etcd-server stress-ng
 
 .PHONY: setup system-deps test faults demo bench compare multihost torch-suite lint clean \
 	setup-ray test-ray bench-ray

@@ -38,6 +38,7 @@ mpirun the ranks are started by `pycollective run`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.metadata
 import importlib.util
@@ -485,6 +486,35 @@ def markdown_table(job: Job, rows: list[dict], skipped: dict[str, str]) -> list[
     return lines
 
 
+def start_stress(cpus: int) -> subprocess.Popen | None:
+    """`stress-ng --cpu CPUS` in a session of its own (stopped by stop_stress), or None."""
+    if cpus <= 0:
+        return None
+    if shutil.which("stress-ng") is None:
+        raise SystemExit("compare_peers: --stress needs stress-ng (apt-get install stress-ng)")
+    proc = subprocess.Popen(
+        ["stress-ng", "--cpu", str(cpus), "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    print(f"# stress-ng --cpu {cpus} beside the jobs", flush=True)
+    time.sleep(5)  # let the load average see it
+    return proc
+
+
+def stop_stress(proc: subprocess.Popen | None) -> None:
+    if proc is None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 # ----------------------------------------------------------------------------- cross-host
 
 
@@ -897,6 +927,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="seconds of repetitions per size, all libraries (beyond --min-reps)",
     )
     p.add_argument("--timeout", type=float, default=1200.0, help="per job, seconds")
+    p.add_argument(
+        "--stress",
+        type=int,
+        default=0,
+        metavar="CPUS",
+        help="run `stress-ng --cpu CPUS` beside every job (load for all libraries alike)",
+    )
     p.add_argument("--json", default=str(DEFAULT_JSON), help="where the JSON goes")
     p.add_argument("--markdown", metavar="FILE", help="also write the tables here")
     p.add_argument(
@@ -976,6 +1013,7 @@ def main(argv: list[str] | None = None) -> int:
             skipped["cross-host job"] = why
             xjobs = []
 
+    stress = start_stress(args.stress)
     load_before = os.getloadavg()
     sampler = LoadSampler()
     limits = numpy_limits(args.big, 11)
@@ -993,6 +1031,7 @@ def main(argv: list[str] | None = None) -> int:
                 xrows += crosshost_rows(job, xresults)
     finally:
         during = sampler.stop()
+        stop_stress(stress)
     load_after = os.getloadavg()
 
     goals = (targets(rows, args.big, args.crowded) if jobs else []) + crosshost_targets(xrows)
@@ -1005,7 +1044,9 @@ def main(argv: list[str] | None = None) -> int:
     md = [
         f"Measured {when} on {facts['cores']} cores ({facts['cpu'] or 'unknown CPU'}), "
         f"1-minute load average {load_before[0]:.2f} before, {min(during):.2f} to "
-        f"{max(during):.2f} during the run (its own ranks add about 2), {load_after[0]:.2f} after; "
+        f"{max(during):.2f} during the run (its own ranks add about 2"
+        + (f"; stress-ng --cpu {args.stress} beside them" if args.stress else "")
+        + f"), {load_after[0]:.2f} after; "
         f"float32, median of >= {args.min_reps} repetitions; torch {facts['torch']} (gloo), "
         f"{mpi_lib or 'OpenMPI not measured'}, mpi4py {facts['mpi4py']}"
         + (

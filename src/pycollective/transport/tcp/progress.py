@@ -38,6 +38,26 @@ class Progress(Matching):
         seq: int | None = None,
         spun: bool = False,
     ) -> None:
+        """Drive the exchange to its end or its error. A large payload's tail may be
+        written by the send helper meanwhile (sending.py); it is taken back before this
+        returns or raises, so nothing outlives the exchange on another thread."""
+        self._driving = True
+        try:
+            self._drive_loop(sends, recvs, deadline, group, label, seq, spun)
+        finally:
+            self._driving = False
+            self._take_back_send()
+
+    def _drive_loop(
+        self,
+        sends: Sequence[OutMessage],
+        recvs: Sequence[InMessage],
+        deadline: float | None,
+        group: int,
+        label: str,
+        seq: int | None,
+        spun: bool,
+    ) -> None:
         now = time.monotonic()
         probe_at = now + PROBE_AFTER if recvs else None
         # Poll without blocking for a moment first: a small message from a peer that is
@@ -114,6 +134,8 @@ class Progress(Matching):
                 self._flush(conn)
             if readable and conn.lost is None:
                 self._read(conn)
+        if self._helper_conn is not None:
+            self._fold_send()  # the helper finished (its wake-up is what woke us) or not
 
     def _timeout(
         self, sends: Sequence[OutMessage], recvs: Sequence[InMessage], label: str

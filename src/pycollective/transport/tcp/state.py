@@ -17,6 +17,7 @@ from .._calls import CallTracker
 from .._wire import Header
 from .conn import Conn as _Conn
 from .conn import Poller as _Poller
+from .sender import SendHelper
 
 SPIN_SECONDS = 50e-6  # how long an exchange first polls without blocking (progress.py)
 
@@ -63,6 +64,11 @@ class TransportState(Transport):
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._sel.register(self._wake_r, None)
+        # The thread that writes a large payload's tail during an exchange (sender.py),
+        # the connection it writes on, and whether an exchange is being driven.
+        self._helper = SendHelper(self._wake_w)
+        self._helper_conn: _Conn | None = None
+        self._driving = False
 
     def lost_peers(self) -> dict[int, str]:
         return {p: c.lost for p, c in self._conns.items() if c.lost is not None}
@@ -100,6 +106,8 @@ class TransportState(Transport):
 
     def _hang_up(self, conn: _Conn) -> None:
         """Stop polling a connection and close its socket (either may be done already)."""
+        if conn.helper:  # never close a socket another thread writes on (its fd is reused)
+            self._take_back_send()
         self._sel.unregister(conn.sock)
         try:
             conn.sock.close()
@@ -115,4 +123,7 @@ class TransportState(Transport):
         raise NotImplementedError
 
     def _on_payload(self, conn: _Conn) -> None:  # matching.py
+        raise NotImplementedError
+
+    def _take_back_send(self) -> None:  # sending.py
         raise NotImplementedError

@@ -171,6 +171,7 @@ class TCPTransport(Swapping):
         if self._closed:
             return
         self._closed = True
+        self._helper.close()
         for sock in (self._wake_r, self._wake_w):
             try:
                 self._sel.unregister(sock)
