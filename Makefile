@@ -12,9 +12,10 @@ APT_PACKAGES := openmpi-bin libopenmpi-dev mpich
 # Slurm's daemons and client and munge, for the srun and sbatch jobs of tests/api/test_slurm.py
 # (each test starts and stops a cluster of its own), and etcd (3.4), the replicated store of
 # the elastic jobs that survive the loss of any host (tests start their own members:
-# tests/_etcd.py), and clang with its runtimes (`make lint` builds the compiled core with it
-# as well as gcc; libFuzzer and AddressSanitizer for `make fuzz`); without their recommends.
-APT_SMALL := slurmctld slurmd slurm-client munge etcd-server clang libclang-rt-dev
+# tests/_etcd.py), clang with its runtimes (`make lint` builds the compiled core with it as
+# well as gcc; libFuzzer and AddressSanitizer for `make fuzz`), and stress-ng
+# (compare_peers.py --stress: CPU load beside the jobs); without their recommends.
+APT_SMALL := slurmctld slurmd slurm-client munge etcd-server clang libclang-rt-dev stress-ng
 
 .PHONY: setup system-deps test faults fuzz demo bench compare multihost torch-suite lint clean \
 	setup-ray test-ray bench-ray sanitize
@@ -127,7 +128,9 @@ bench: setup
 		--plot benchmarks/results/bench.png
 
 # pycollective beside torch's gloo and OpenMPI (mpi4py) in the same ranks, one run: all_reduce
-# 4 B..64 MiB, broadcast/all_gather/reduce_scatter 64 MiB, TCP only, 4 ranks on 2 cores.
+# 4 B..64 MiB, broadcast/all_gather/reduce_scatter 64 MiB, TCP only, 4 ranks on 2 cores,
+# and across two network-namespace hosts (root; 2 hosts x 1 and x 2 ranks, one TCP stream's
+# goodput as the reference; COMPARE_ARGS="--xhost-runs 10" for the spread the issue asks).
 # Prints markdown tables (the README's), writes benchmarks/results/compare_peers.{json,md};
 # then TLS against plain TCP in the same ranks, on loopback and across two namespace hosts
 # (benchmarks/results/tls_cost.json, docs/security.md).

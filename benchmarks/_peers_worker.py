@@ -82,7 +82,9 @@ def make_backend(name: str, spec: dict) -> Any:
         return _deepspeed.DeepSpeed(name, spec)
     if name == "gloo":
         return bw._Gloo(name, spec)
-    return bw._Ours(name, spec)  # "shm" (the default group, shared memory) or "tcp"
+    # "shm" (the default group, shared memory), "tcp", or "auto" (the default group,
+    # whatever it runs on: across hosts TCP between them and shared memory inside one)
+    return bw._Ours(name, spec)
 
 
 def _rank_env_from_mpirun() -> None:

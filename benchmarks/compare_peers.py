@@ -14,6 +14,12 @@ repetition (see _peers_worker.py), so the load of a shared machine falls on all 
   (--mca pml ob1 --mca btl tcp,self, loopback); all_reduce over the range of sizes.
 - crowded: 4 ranks on the machine's 2 cores (mpirun --oversubscribe): all_reduce 4 B and
   16 MiB.
+- xhost: across two network-namespace hosts (tools/nethosts.py; root), 2 hosts x 1 and
+  2 hosts x 2 ranks started by mpirun through an `ip netns exec` agent: pycollective as a
+  user gets it (TCP between the hosts), gloo and OpenMPI (btl tcp between the hosts);
+  all_reduce over the range of sizes, with one TCP stream's goodput between the hosts,
+  measured in the same run, as the reference (_crosshost.py). --xhost-runs R repeats the
+  whole job R times and shows the spread (min, median, max of the runs' medians).
 
 Sizes are nccl-tests' (the larger buffer of a call), float32. Time is the median of at
 least 11 repetitions after warm-up, each the slowest rank's; busbw uses nccl-tests'
@@ -32,6 +38,7 @@ mpirun the ranks are started by `pycollective run`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.metadata
 import importlib.util
@@ -47,7 +54,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +65,7 @@ from pycollective.cli.bench import human, parse_size, sizes
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # its sibling modules, also when imported as benchmarks.compare_peers
+import _crosshost  # noqa: E402
 import _deepspeed  # noqa: E402
 
 REPO = HERE.parent
@@ -86,6 +94,7 @@ class Job:
     mpi_args: tuple[str, ...] = ()
     headers: dict[str, str] = field(default_factory=dict)
     deepspeed: bool = False  # DeepSpeed's shm all-reduce takes part (in its venv's Python)
+    per_host: int = 0  # > 0: the cross-host job, this many ranks on each of two hosts
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -265,8 +274,15 @@ def job_command(
     return cmd + worker
 
 
-def run_job(job: Job, backends: list[str], mpirun: str | None, args: argparse.Namespace) -> dict:
-    """Start the job's ranks; return what rank 0 reported (records, meta) or the error."""
+def run_job(
+    job: Job,
+    backends: list[str],
+    mpirun: str | None,
+    args: argparse.Namespace,
+    hosts: _crosshost.nethosts.NetHosts | None = None,
+) -> dict:
+    """Start the job's ranks; return what rank 0 reported (records, meta) or the error.
+    A cross-host job (job.per_host) runs mpirun in `hosts`' host 0."""
     spec = {
         "backends": backends,
         "plan": job.plan,
@@ -279,7 +295,24 @@ def run_job(job: Job, backends: list[str], mpirun: str | None, args: argparse.Na
         "gloo_port": free_port(),
     }
     env = _clean_env(job)
-    cmd = job_command(job, backends, mpirun, json.dumps(spec), env, shlex.split(args.mpirun_args))
+    workdir = None
+    if job.per_host:
+        assert hosts is not None and mpirun is not None  # noqa: S101 - checked by the caller
+        spec["gloo_addr"] = hosts.addrs[0]
+        workdir = _crosshost.private_dir()
+        agent, hostfile = _crosshost.write_launch_files(workdir, hosts, job.per_host)
+        env.setdefault("PYTHONPATH", "")
+        worker = [sys.executable, str(WORKER), json.dumps(spec)]
+        cmd = _crosshost.mpirun_command(
+            mpirun, hosts, job.per_host, agent, hostfile, free_port(), worker,
+            shlex.split(args.mpirun_args),
+        )  # fmt: skip
+        start = hosts.popen
+    else:
+        cmd = job_command(
+            job, backends, mpirun, json.dumps(spec), env, shlex.split(args.mpirun_args)
+        )
+        start = None
     result: dict = {
         "name": job.name,
         "title": job.title,
@@ -291,15 +324,11 @@ def run_job(job: Job, backends: list[str], mpirun: str | None, args: argparse.Na
     }
     print(f"# job {job.name}: {_display(cmd)}", flush=True)
     with tempfile.TemporaryFile(mode="w+") as err:
-        proc = subprocess.Popen(
-            cmd,
-            env=env,
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
+        popen_kw = dict(
+            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True,
             start_new_session=True,
-        )
+        )  # fmt: skip
+        proc = start(0, cmd, **popen_kw) if start else subprocess.Popen(cmd, **popen_kw)
         timed_out = threading.Event()
 
         def kill() -> None:  # the job's own process group only
@@ -341,6 +370,8 @@ def run_job(job: Job, backends: list[str], mpirun: str | None, args: argparse.Na
             )
             result["error"] = f"job {job.name} {why}:\n{tail}"
             print(result["error"], file=sys.stderr, flush=True)
+    if workdir is not None:
+        shutil.rmtree(workdir, ignore_errors=True)
     return result
 
 
@@ -455,6 +486,188 @@ def markdown_table(job: Job, rows: list[dict], skipped: dict[str, str]) -> list[
     return lines
 
 
+def start_stress(cpus: int) -> subprocess.Popen | None:
+    """`stress-ng --cpu CPUS` in a session of its own (stopped by stop_stress), or None."""
+    if cpus <= 0:
+        return None
+    if shutil.which("stress-ng") is None:
+        raise SystemExit("compare_peers: --stress needs stress-ng (apt-get install stress-ng)")
+    proc = subprocess.Popen(
+        ["stress-ng", "--cpu", str(cpus), "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    print(f"# stress-ng --cpu {cpus} beside the jobs", flush=True)
+    time.sleep(5)  # let the load average see it
+    return proc
+
+
+def stop_stress(proc: subprocess.Popen | None) -> None:
+    if proc is None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+# ----------------------------------------------------------------------------- cross-host
+
+
+def run_crosshost(
+    jobs: list[Job], backends: list[str], mpirun: str | None, args: argparse.Namespace
+) -> list[dict]:
+    """Each cross-host job --xhost-runs times (alternating) on one pair of namespace hosts,
+    one stream's goodput between them measured right before every job run."""
+    results = []
+    _crosshost.nethosts.cleanup()  # namespaces of earlier runs that were killed
+    with _crosshost.nethosts.NetHosts(_crosshost.HOSTS) as hosts:
+        for run in range(args.xhost_runs):
+            for job in jobs:
+                load = os.getloadavg()[0]
+                goodput = _crosshost.link_goodput(hosts)
+                print(
+                    f"# {job.name} run {run + 1}/{args.xhost_runs}: one stream "
+                    + ", ".join(f"{k} {v * 8 / 1e9:.2f} Gbit/s" for k, v in goodput.items())
+                    + f", load {load:.2f}",
+                    flush=True,
+                )
+                res = run_job(job, [job.ours, *backends], mpirun, args, hosts)
+                res.update(run=run, goodput_Bps=goodput, load=[load, os.getloadavg()[0]])
+                results.append(res)
+    return results
+
+
+def crosshost_rows(job: Job, results: list[dict]) -> list[dict]:
+    """One row per size over the job's runs: each run's row (build_rows, plus the link
+    shares), and the spread of every time, ratio and share."""
+    per_size: dict[int, list[dict]] = {}
+    for res in results:
+        if res["name"] != job.name:
+            continue
+        goodput = statistics.mean(res["goodput_Bps"].values())
+        for row in build_rows(job, res):
+            row["run"] = res["run"]
+            row["load"] = res["load"]
+            row["goodput_Bps"] = goodput
+            for col in ("pycollective", "gloo", "openmpi_in_place"):
+                c = row["columns"][col]
+                row[f"share_{col}"] = (
+                    _crosshost.link_share(c["time_us"], row["bytes"], goodput)
+                    if c and "time_us" in c
+                    else None
+                )
+            per_size.setdefault(row["bytes"], []).append(row)
+
+    def spread_of(runs: list[dict], get: Callable[[dict], float | None]) -> dict | None:
+        return _crosshost.spread([v for v in map(get, runs) if v is not None])
+
+    def time_of(col: str) -> Callable[[dict], float | None]:
+        return lambda r: (r["columns"][col] or {}).get("time_us")
+
+    out = []
+    for nbytes, runs in sorted(per_size.items()):
+        out.append(
+            {
+                "job": job.name,
+                "collective": "all_reduce",
+                "bytes": nbytes,
+                "ranks": job.ranks,
+                "per_host": job.per_host,
+                "runs": runs,
+                "time_us": {c: spread_of(runs, time_of(c)) for c in COLUMNS if c != "deepspeed"},
+                "vs_gloo": spread_of(runs, lambda r: r["vs_gloo"]),
+                "vs_openmpi": spread_of(runs, lambda r: r["vs_openmpi"]),
+                "share": {
+                    c: spread_of(runs, lambda r, c=c: r[f"share_{c}"])
+                    for c in ("pycollective", "gloo", "openmpi_in_place")
+                },
+            }
+        )
+    return out
+
+
+def markdown_crosshost(job: Job, rows: list[dict], results: list[dict]) -> list[str]:
+    mine = [r for r in results if r["name"] == job.name]
+    streams = [v * 8 / 1e9 for r in mine for v in r["goodput_Bps"].values()]
+    loads = [x for r in mine for x in r["load"]]
+    lines = [
+        f"**{job.title}**",
+        "",
+        f"{len(mine)} run(s) of the whole job; one TCP stream between the hosts "
+        + (f"{min(streams):.3g}-{max(streams):.3g} Gbit/s" if streams else "not measured")
+        + (f", load {min(loads):.2f}-{max(loads):.2f}" if loads else "")
+        + ". Started by `mpirun --bind-to none` through an `ip netns exec` agent. Times: "
+        "median over the runs of each run's median; ratios and shares: median (min-max) "
+        "over the runs; share = link busbw (n / t) over the stream's goodput.",
+        "",
+        "| size | pycollective | gloo | OpenMPI in place | vs gloo | vs OpenMPI | "
+        "ours / stream | gloo / stream | OpenMPI / stream |",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for row in rows:
+        t = row["time_us"]
+        cells = [
+            fmt_time(t[c]["median"]) if t[c] else "-"
+            for c in ("pycollective", "gloo", "openmpi_in_place")
+        ]
+        shares = [
+            _crosshost.fmt_spread(row["share"][c])
+            for c in ("pycollective", "gloo", "openmpi_in_place")
+        ]
+        lines.append(
+            f"| {human(row['bytes'])} | "
+            + " | ".join(cells)
+            + f" | {_crosshost.fmt_spread(row['vs_gloo'], '{:.2f}x')}"
+            + f" | {_crosshost.fmt_spread(row['vs_openmpi'], '{:.2f}x')} | "
+            + (" | ".join(shares) if row["bytes"] >= 1 << 20 else "- | - | -")
+            + " |"
+        )
+    for res in mine:
+        if "error" in res:
+            lines.append(f"\n(run {res['run'] + 1} failed: {res['error'].splitlines()[0]})")
+    return lines
+
+
+def crosshost_targets(rows: list[dict]) -> list[dict]:
+    """Issue 20's cross-host goals, on the median over the runs."""
+    out = []
+    for per_host in (1, 2):
+        mine = [r for r in rows if r.get("per_host") == per_host]
+        if not mine:
+            continue
+        where = f"2 hosts x {per_host}"
+        for size in (1 << 20, 16 << 20, 64 << 20):
+            r = next((r for r in mine if r["bytes"] == size), None)
+            v = r["vs_gloo"]["median"] if r and r["vs_gloo"] else None
+            out.append(_goal(f"{where}: all_reduce {human(size)} vs gloo", v, 1.5))
+        vals = [(r["vs_openmpi"]["median"], r["bytes"]) for r in mine if r["vs_openmpi"]]
+        worst = min(vals) if vals else None
+        out.append(
+            _goal(
+                f"{where}: all_reduce, every size vs OpenMPI"
+                + (f" (worst: {human(worst[1])})" if worst else ""),
+                worst[0] if worst else None,
+                1.0,
+            )
+        )
+        r = next((r for r in mine if r["bytes"] == 64 << 20), None)
+        share = r["share"]["pycollective"] if r else None
+        out.append(
+            _goal(f"{where}: 64 MiB link busbw / one stream", share and share["median"], 0.6)
+        )
+    return out
+
+
+def _goal(text: str, value: float | None, need: float) -> dict:
+    met = None if value is None else value >= need
+    return {"goal": text, "value": value, "need": need, "met": met}
+
+
 # ----------------------------------------------------------------------------- targets
 
 
@@ -539,7 +752,7 @@ def targets(rows: list[dict], big: int, crowded: int) -> list[dict]:
 
 
 def markdown_targets(goals: list[dict]) -> list[str]:
-    lines = ["| goal (issue 11) | measured | needed | met |", "|---|--:|--:|:-:|"]
+    lines = ["| goal (issues 11, 20) | measured | needed | met |", "|---|--:|--:|:-:|"]
     for g in goals:
         value = "-" if g["value"] is None else f"{g['value']:.3g}x"
         need = f">= {g['need']:g}x"
@@ -635,6 +848,17 @@ def plan_jobs(args: argparse.Namespace) -> list[Job]:
             headers={"openmpi_in_place": "OpenMPI in place"},
         ),
     }
+    for per_host in (1, 2):
+        jobs[f"xhost{per_host}"] = Job(
+            f"xhost{per_host}",
+            f"Across 2 namespace hosts x {per_host} rank(s): pycollective auto (TCP between "
+            "the hosts), gloo, OpenMPI (btl tcp between the hosts)",
+            _crosshost.HOSTS * per_host,
+            [("all_reduce", sweep)],
+            "auto",
+            headers={"openmpi_in_place": "OpenMPI in place"},
+            per_host=per_host,
+        )
     for job in jobs.values():
         job.headers = {
             "pycollective": "pycollective",
@@ -643,7 +867,9 @@ def plan_jobs(args: argparse.Namespace) -> list[Job]:
             "deepspeed": "DeepSpeed",
             **job.headers,
         }
-    wanted = args.jobs.split(",")
+    wanted = []
+    for name in args.jobs.split(","):  # "xhost" is both cross-host jobs
+        wanted += ["xhost1", "xhost2"] if name == "xhost" else [name]
     unknown = set(wanted) - set(jobs)
     if unknown:
         raise SystemExit(f"compare_peers: unknown job(s) {sorted(unknown)}; use {list(jobs)}")
@@ -680,7 +906,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=64 << 20,
         help="size of broadcast, all_gather, reduce_scatter (default 64M)",
     )
-    p.add_argument("--jobs", default="shm,tcp,crowded")
+    p.add_argument(
+        "--jobs",
+        default="shm,tcp,crowded,xhost",
+        help="of shm, tcp, crowded, xhost (= xhost1,xhost2: 2 hosts x 1 and x 2 ranks)",
+    )
+    p.add_argument(
+        "--xhost-runs",
+        type=int,
+        default=3,
+        help="runs of each cross-host job, for the spread (the issue's numbers: >= 10)",
+    )
     p.add_argument("--reps", type=int, default=21, help="most repetitions per size")
     p.add_argument("--min-reps", type=int, default=11, help="fewest repetitions (default 11)")
     p.add_argument("--warmup", type=int, default=3)
@@ -691,6 +927,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="seconds of repetitions per size, all libraries (beyond --min-reps)",
     )
     p.add_argument("--timeout", type=float, default=1200.0, help="per job, seconds")
+    p.add_argument(
+        "--stress",
+        type=int,
+        default=0,
+        metavar="CPUS",
+        help="run `stress-ng --cpu CPUS` beside every job (load for all libraries alike)",
+    )
     p.add_argument("--json", default=str(DEFAULT_JSON), help="where the JSON goes")
     p.add_argument("--markdown", metavar="FILE", help="also write the tables here")
     p.add_argument(
@@ -761,10 +1004,20 @@ def main(argv: list[str] | None = None) -> int:
     for job in jobs:  # DeepSpeed's shm all-reduce: the shared-memory job (p ranks, p cores)
         job.deepspeed = job.name == "shm" and "deepspeed" not in skipped
 
+    xjobs = [j for j in jobs if j.per_host]
+    jobs = [j for j in jobs if not j.per_host]
+    if xjobs:
+        why = _crosshost.why_not(mpirun)
+        if why:
+            print(f"# cross-host job left out: {why}", flush=True)
+            skipped["cross-host job"] = why
+            xjobs = []
+
+    stress = start_stress(args.stress)
     load_before = os.getloadavg()
     sampler = LoadSampler()
     limits = numpy_limits(args.big, 11)
-    results, rows = [], []
+    results, rows, xresults, xrows = [], [], [], []
     try:
         for job in jobs:
             extra = ["deepspeed"] if job.deepspeed else []
@@ -772,11 +1025,16 @@ def main(argv: list[str] | None = None) -> int:
             res["skipped"] = skipped
             results.append(res)
             rows += build_rows(job, res)
+        if xjobs:
+            xresults = run_crosshost(xjobs, backends_all, mpirun, args)
+            for job in xjobs:
+                xrows += crosshost_rows(job, xresults)
     finally:
         during = sampler.stop()
+        stop_stress(stress)
     load_after = os.getloadavg()
 
-    goals = targets(rows, args.big, args.crowded)
+    goals = (targets(rows, args.big, args.crowded) if jobs else []) + crosshost_targets(xrows)
     facts = machine_facts()
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     mpi_lib = next(
@@ -786,7 +1044,9 @@ def main(argv: list[str] | None = None) -> int:
     md = [
         f"Measured {when} on {facts['cores']} cores ({facts['cpu'] or 'unknown CPU'}), "
         f"1-minute load average {load_before[0]:.2f} before, {min(during):.2f} to "
-        f"{max(during):.2f} during the run (its own ranks add about 2), {load_after[0]:.2f} after; "
+        f"{max(during):.2f} during the run (its own ranks add about 2"
+        + (f"; stress-ng --cpu {args.stress} beside them" if args.stress else "")
+        + f"), {load_after[0]:.2f} after; "
         f"float32, median of >= {args.min_reps} repetitions; torch {facts['torch']} (gloo), "
         f"{mpi_lib or 'OpenMPI not measured'}, mpi4py {facts['mpi4py']}"
         + (
@@ -813,6 +1073,9 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in res:
             md.append(f"\n(job failed: {res['error'].splitlines()[0]})")
         md.append("")
+    for job in xjobs:
+        md += markdown_crosshost(job, [r for r in xrows if r["job"] == job.name], xresults)
+        md.append("")
     for backend, reason in skipped.items():
         md.append(f"{backend} left out: {reason}")
     md += ["", *markdown_targets(goals)]
@@ -834,6 +1097,8 @@ def main(argv: list[str] | None = None) -> int:
         "skipped": skipped,
         "jobs": results,
         "rows": rows,
+        "crosshost_jobs": xresults,
+        "crosshost_rows": xrows,
         "targets": goals,
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -845,7 +1110,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.readme:
         replace_block(Path(args.readme), text)
         print(f"# tables put into {args.readme}")
-    return 1 if any("error" in r for r in results) else 0
+    return 1 if any("error" in r for r in results + xresults) else 0
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def test_tiny_run_has_every_column(tmp_path) -> None:
             )
     md = out_md.read_text()
     assert "| collective | size | pycollective | gloo | OpenMPI | OpenMPI in place |" in md
-    assert "| goal (issue 11) |" in md and md in proc.stdout
+    assert "| goal (issues 11, 20) |" in md and md in proc.stdout
     assert ("| vs DeepSpeed |" in md) == deepspeed
     if not mpi:
         pytest.skip(f"OpenMPI columns not checked: {skipped['openmpi']}")
@@ -137,3 +137,46 @@ def test_tables_go_between_the_readme_markers(tmp_path) -> None:
     readme.write_text("no markers")
     with pytest.raises(SystemExit, match="needs one"):
         cp.replace_block(readme, "| new |")
+
+
+def test_crosshost_rows_spread_shares_and_goals() -> None:
+    job = cp.Job("xhost1", "t", 2, [], "auto", per_host=1)
+    big = 64 << 20
+    results = []
+    for run, (ours, gloo) in enumerate([(100_000.0, 200_000.0), (50_000.0, 100_000.0),
+                                        (80_000.0, 80_000.0)]):  # fmt: skip
+        recs = [_rec("auto", "auto", "all_reduce", big, ours),
+                _rec("gloo", "gloo", "all_reduce", big, gloo),
+                _rec("openmpi", "in_place", "all_reduce", big, 4 * ours)]  # fmt: skip
+        # one stream: 1 GB/s one way, 2 GB/s the other (the reference is their mean)
+        results.append({"name": "xhost1", "run": run, "records": recs, "load": [1.0, 2.0],
+                        "goodput_Bps": {"0->1": 1e9, "1->0": 2e9}})  # fmt: skip
+    (row,) = cp.crosshost_rows(job, results)
+    assert len(row["runs"]) == 3 and row["per_host"] == 1
+    assert row["vs_gloo"] == {"min": 1.0, "median": 2.0, "max": 2.0}
+    assert row["vs_openmpi"]["median"] == pytest.approx(4.0)
+    assert row["time_us"]["pycollective"]["median"] == 80_000.0
+    # link busbw at H = 2 hosts is n / t: 64 MiB in 50 ms over 1.5 GB/s
+    assert row["share"]["pycollective"]["max"] == pytest.approx(big / 0.05 / 1.5e9)
+    goals = {g["goal"]: g for g in cp.crosshost_targets([row])}
+    assert goals["2 hosts x 1: all_reduce 64 MiB vs gloo"]["met"] is True  # median 2x
+    assert goals["2 hosts x 1: all_reduce 1 MiB vs gloo"]["met"] is None  # not measured
+    share = goals["2 hosts x 1: 64 MiB link busbw / one stream"]
+    assert share["value"] == pytest.approx(big / 0.08 / 1.5e9)
+    md = "\n".join(cp.markdown_crosshost(job, [row], results))
+    assert "| 64 MiB | 80 ms | 100 ms | 320 ms | 2.00x (1.00x-2.00x) | 4.00x |" in md
+
+
+def test_crosshost_mpirun_command(tmp_path) -> None:
+    hosts = cp._crosshost.nethosts.NetHosts(2)  # not built: only its names are read
+    agent, hostfile = cp._crosshost.write_launch_files(tmp_path, hosts, 2)
+    assert hostfile.read_text() == "".join(f"{n} slots=2\n" for n in hosts.names)
+    assert agent.stat().st_mode & 0o777 == 0o700 and "ip netns exec" in agent.read_text()
+    cmd = cp._crosshost.mpirun_command("mpirun", hosts, 2, agent, hostfile, 1234, ["w"], [])
+    assert cmd[cmd.index("-np") + 1] == "4" and cmd[cmd.index("--bind-to") + 1] == "none"
+    assert cmd[cmd.index("plm_rsh_agent") + 1] == str(agent)
+    assert f"MASTER_ADDR={hosts.addrs[0]}" in cmd and cmd[-1] == "w"
+    args = cp.parse_args(["--no-install"])
+    jobs = {j.name: j for j in cp.plan_jobs(args)}
+    assert (jobs["xhost1"].ranks, jobs["xhost2"].ranks) == (2, 4)
+    assert args.xhost_runs >= 1

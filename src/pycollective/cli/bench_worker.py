@@ -251,6 +251,8 @@ class _Ours:
                     del os.environ["PYCOLLECTIVE_TRANSPORT"]
                 else:
                     os.environ["PYCOLLECTIVE_TRANSPORT"] = saved
+        elif transport == "auto":
+            pass  # as a user gets it, whatever the runner (across hosts: TCP and shm)
         elif self.size > 1 and dist.group.WORLD.runner(ArenaRunner) is None:
             raise SystemExit("bench: shared memory is not available to these ranks")
 
@@ -340,7 +342,8 @@ class _Gloo(_Ours):
         rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         td.init_process_group(
             "gloo",
-            init_method=f"tcp://127.0.0.1:{spec['gloo_port']}",
+            # Across hosts the spec names rank 0's address (compare_peers' cross-host job).
+            init_method=f"tcp://{spec.get('gloo_addr', '127.0.0.1')}:{spec['gloo_port']}",
             rank=rank,
             world_size=size,
         )

@@ -42,6 +42,7 @@ class Conn:
         "last",
         "tls",
         "write_pending",
+        "helper",
     )
 
     def __init__(self, peer: int, sock: socket.socket) -> None:
@@ -72,6 +73,7 @@ class Conn:
         # other write (write_pending).
         self.tls = isinstance(sock, ssl.SSLSocket)
         self.write_pending = False
+        self.helper = False  # the send helper writes the tail of outq[0] (sender.py)
 
 
 class Poller:

@@ -1,0 +1,129 @@
+"""The state every part of the TCP transport shares: the connections and their poller,
+the receives posted, the messages kept early, the failures peers reported, the call
+tracker. The parts (sending.py, receiving.py, matching.py, progress.py, swap.py) are
+mixins over it; transport.py puts them together as `TCPTransport`, the one entry point."""
+
+from __future__ import annotations
+
+import socket
+from collections import deque
+
+import numpy as np
+
+from ... import _config
+from ..._errors import CollectiveError, TransportError, UsageError
+from .._base import ANY_SOURCE, InMessage, Transport
+from .._calls import CallTracker
+from .._wire import Header
+from .conn import Conn as _Conn
+from .conn import Poller as _Poller
+from .sender import SendHelper
+
+SPIN_SECONDS = 50e-6  # how long an exchange first polls without blocking (progress.py)
+
+
+class TransportState(Transport):
+    """The shared state, and what every part does with a connection it gives up."""
+
+    supports_sink = True
+
+    def __init__(self, rank: int, size: int, conns: dict[int, socket.socket]) -> None:
+        self.rank = rank
+        self.size = size
+        self.max_unexpected = int(_config.get("PYCOLLECTIVE_MAX_EARLY_BYTES"))
+        self._sel = _Poller()
+        self._conns: dict[int, _Conn] = {}
+        for peer, sock in conns.items():
+            sock.setblocking(False)
+            conn = _Conn(peer, sock)
+            self._conns[peer] = conn
+            self._sel.register(sock, conn)
+        # Receives posted by the exchange in progress, by (peer, key) and for ANY_SOURCE.
+        self._posted: dict[tuple[int, tuple], deque[InMessage]] = {}
+        self._posted_any: dict[tuple, deque[InMessage]] = {}
+        # Messages that arrived before their receive: key -> [(peer, header, payload)].
+        self._unexpected: dict[tuple, deque[tuple[int, Header, np.ndarray]]] = {}
+        self._unexpected_bytes = 0
+        self._aborted: dict[int, CollectiveError] = {}  # group id -> the error a peer reported
+        self._abort_seq: dict[int, int] = {}  # group id -> the collective that failed
+        self._closed = False
+        self._sent_abort = False  # close() lingers so that the notice is read (_linger)
+        # Which collective each group runs, and the rules that tell a peer's early or stale
+        # frame from a mismatch (sans-IO, _calls.py); and interrupt(), which wakes the
+        # poller from any thread.
+        self._calls = CallTracker(rank)
+        self._interrupted: str | None = None
+        # How long an exchange polls without blocking before it sleeps in the selector
+        # (adapted: see _drive), and exchanges since that last fell to 0.
+        self._spin = SPIN_SECONDS
+        self._unspun = 0
+        # A swap (see `swap`) left for swap_finish: (error, header, sends, recvs, whether
+        # it polled for the whole budget).
+        self._swap: tuple | None = None
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(self._wake_r, None)
+        # The thread that writes a large payload's tail during an exchange (sender.py),
+        # the connection it writes on, and whether an exchange is being driven.
+        self._helper = SendHelper(self._wake_w)
+        self._helper_conn: _Conn | None = None
+        self._driving = False
+
+    def lost_peers(self) -> dict[int, str]:
+        return {p: c.lost for p, c in self._conns.items() if c.lost is not None}
+
+    def _check_peer(self, peer: int) -> None:
+        if peer == ANY_SOURCE:
+            lost = self.lost_peers()
+            if lost and len(lost) == len(self._conns):
+                raise TransportError("every peer is gone")
+            return
+        conn = self._conns.get(peer)
+        if conn is None:
+            raise UsageError(
+                f"rank {peer} is not a peer of rank {self.rank} (world size {self.size})"
+            )
+        if conn.lost is not None:
+            raise TransportError(f"rank {peer} is unreachable: {conn.lost}", peer=peer)
+
+    def _raise_if_interrupted(self) -> None:
+        if self._interrupted is not None:
+            raise TransportError(self._interrupted)
+
+    def _raise_if_lost(self, peer: int) -> None:
+        if peer == ANY_SOURCE:
+            return
+        conn = self._conns[peer]
+        if conn.lost is not None:
+            raise TransportError(f"rank {self.rank} lost rank {peer}: {conn.lost}", peer=peer)
+
+    def _lose(self, conn: _Conn, reason: str) -> None:
+        if conn.lost is not None:
+            return
+        conn.lost = reason
+        self._hang_up(conn)
+
+    def _hang_up(self, conn: _Conn) -> None:
+        """Stop polling a connection and close its socket (either may be done already)."""
+        if conn.helper:  # never close a socket another thread writes on (its fd is reused)
+            self._take_back_send()
+        self._sel.unregister(conn.sock)
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+
+    # Implemented by the parts, called across them.
+
+    def _pump(self, timeout: float) -> None:  # progress.py
+        raise NotImplementedError
+
+    def _on_header(self, conn: _Conn, pos: int) -> None:  # matching.py
+        raise NotImplementedError
+
+    def _on_payload(self, conn: _Conn) -> None:  # matching.py
+        raise NotImplementedError
+
+    def _take_back_send(self) -> None:  # sending.py
+        raise NotImplementedError

@@ -1,0 +1,190 @@
+"""The repeated small swap (runners/swap.py): one frame each way with the only peer,
+without the queues, the poller or a message object, handed to the regular machinery
+(progress.py) the moment anything is not plain."""
+
+from __future__ import annotations
+
+import time
+
+from ..._errors import CollectiveError
+from ...observe.timeline import WAIT as _WAIT
+from .. import _wire
+from .._base import InMessage, OutMessage
+from .._wire import Header
+from .conn import RBUF_BYTES as _RBUF_BYTES
+from .progress import SPIN_MAX, Progress
+
+SWAP_DONE, SWAP_PENDING, SWAP_DECLINED = 0, 1, -1  # what TCPTransport.swap returns
+
+
+class Swapping(Progress):
+    """`swap`, `swap_ready`, `swap_finish`."""
+
+    def swap(
+        self,
+        peer: int,
+        header: Header,
+        payload: memoryview,
+        into: memoryview,
+        ready: bool = False,
+    ) -> int:
+        """The lean way of the commonest exchange: one frame of `header` (a collective's
+        DATA frame) and `payload` to `peer`, and one frame back from it with the very same
+        header (both sides send alike), its payload into `into`. For a repeated small
+        call, without the queues, the poller or a message object: one `sendmsg`, then
+        non-blocking `recv_into` the connection's read buffer while the peer is within the
+        polling budget (SPIN_SECONDS, adapted as in _drive).
+
+        Returns SWAP_DECLINED, having touched nothing, unless the swap is this plain
+        (`swap_ready`; callers that asked it just before say so with `ready`): the
+        only connection (so that reading it reads every abort notice and probe there can
+        be), nothing queued, buffered, posted or reported failed, nothing kept early but
+        maybe the very frame expected (then it is taken from there), the frame small
+        enough for the read buffer. SWAP_DONE when both frames went. SWAP_PENDING
+        when anything else happened (the first bytes back are not that frame, a partial
+        send, a wait past the budget, a lost connection): everything is then in the
+        regular state (the send queued, the receive posted, what was read in the buffer),
+        and `swap_finish` goes on as `exchange` does (the same errors, deadline, probes)."""
+        conn = self._conns[peer]
+        nbytes = header.nbytes
+        if nbytes != payload.nbytes or nbytes != into.nbytes:
+            return SWAP_DECLINED
+        if not ready and not self.swap_ready(peer, header):
+            return SWAP_DECLINED
+        early = None
+        if self._unexpected:  # the peer's frame came already (swap_ready: that one alone)
+            early = self._unexpected.pop(header.key)[0][2]
+            self._unexpected_bytes -= nbytes
+        group = header.group
+        head = header.pack()
+        try:
+            self._calls.begin(group, header, ())
+        except CollectiveError as exc:  # a probe kept for this call disagrees
+            self._swap = (exc, header, (), (), False)
+            return SWAP_PENDING
+        sock = conn.sock
+        total = _wire.SIZE + nbytes
+        try:
+            sent = sock.sendmsg([head, payload])
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            sent = 0
+            self._lose(conn, f"send failed: {exc.strerror or exc}")
+        out = OutMessage(peer, header, payload)
+        if sent == total:
+            out.done = True
+        elif conn.lost is None:  # the rest goes the regular way
+            conn.outq.append(out)
+            conn.out_hdr = head
+            conn.out_sent = sent
+            self._sel.modify(sock, conn, True)
+            conn.writing = True
+        if early is not None:
+            into[:] = memoryview(early)
+            if out.done:
+                return SWAP_DONE
+            self._swap = (None, header, (out,), (InMessage(peer, header, into, done=True),), False)
+            return SWAP_PENDING
+        buf = conn.rbuf
+        raw = buf.obj  # the bytearray: startswith compares at C speed (a memoryview item by item)
+        conn.rpos = conn.rend = end = 0
+        spin = self._spin
+        until = None
+        spun = False  # polled for the whole budget
+        if out.done:
+            while True:
+                try:
+                    n = sock.recv_into(buf[end:])
+                except (BlockingIOError, InterruptedError):
+                    n = -1
+                except OSError as exc:
+                    self._lose(conn, f"connection error: {exc.strerror or exc}")
+                    break
+                if n == 0:
+                    self._lose(conn, "connection closed by peer (process exited or crashed?)")
+                    break
+                if n > 0:
+                    end += n
+                    if end >= _wire.SIZE and not raw.startswith(head):
+                        break  # another frame first: the regular way reads it
+                    if end >= total:
+                        break
+                elif not spin or self._interrupted is not None:
+                    break
+                elif until is None:
+                    until = time.monotonic() + spin
+                elif time.monotonic() >= until:
+                    spun = True
+                    break
+        conn.rend = end
+        if out.done and end >= total and raw.startswith(head):
+            into[:] = buf[_wire.SIZE : total]
+            conn.rpos = total
+            conn.last = header
+            if spin:
+                self._spin = min(2 * spin, SPIN_MAX)
+            if end == total:
+                conn.rpos = conn.rend = 0
+                return SWAP_DONE
+            # More came behind it (the peer's next frames): read them the regular way.
+            m = InMessage(peer, header, into, done=True)
+            self._swap = (None, header, (out,), (m,), False)
+            return SWAP_PENDING
+        m = InMessage(peer, header, into)
+        self._swap = (None, header, (out,), (m,), spun)
+        return SWAP_PENDING
+
+    def swap_ready(self, peer: int, header: Header) -> bool:
+        """Whether `swap` would take this swap with `peer` now (see there)."""
+        unexpected = self._unexpected
+        if unexpected:  # only the very frame expected, from that peer, come early
+            queue = unexpected.get(header.key)
+            if len(unexpected) != 1 or queue is None or len(queue) != 1:
+                return False
+            if queue[0][0] != peer or queue[0][1] != header:
+                return False
+        conn = self._conns.get(peer)
+        return not (
+            conn is None
+            or conn.tls  # no sendmsg; records
+            or len(self._conns) != 1
+            or conn.lost is not None
+            or conn.outq
+            or conn.cur is not None
+            or conn.rpos != conn.rend
+            or self._posted
+            or self._posted_any
+            or self._aborted
+            or self._interrupted is not None
+            or self._closed
+            or self._swap is not None
+            or header.nbytes > _RBUF_BYTES - _wire.SIZE
+            or _WAIT.on
+        )
+
+    def swap_finish(self, deadline: float | None, label: str = "") -> None:
+        """Finish the swap `swap` left pending, as `exchange` would (see there)."""
+        state = self._swap
+        self._swap = None
+        if state is None:  # pragma: no cover - the caller's bug
+            raise RuntimeError("swap_finish without a pending swap")
+        error, header, sends, recvs, spun = state
+        if error is not None:
+            raise error
+        group, seq = header.group, header.seq
+        conn = self._conns[recvs[0].peer]
+        try:
+            self._calls.active = group
+            for m in recvs:
+                if not m.done:
+                    self._post(m)
+            if conn.lost is None and conn.rend > conn.rpos:
+                self._read(conn)  # what the swap read and did not take
+            self._drive(sends, recvs, deadline, group, label, seq, spun)
+        except BaseException:
+            self._unpost(recvs)
+            self._drop_unsent(sends)
+            raise
+        finally:
+            self._calls.active = None
