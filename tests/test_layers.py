@@ -85,13 +85,11 @@ REGISTRIES: dict[tuple[str, str], str] = {
     ("pycollective.torch._work", "_levels"): "one completion thread per nesting of callbacks",
     ("pycollective.torch._work", "_tls"): "which completion level a thread runs (thread-local)",
     ("pycollective.torch._work", "_flavours"): "cache: our error classes mixed with torch's",
-    (
-        "pycollective.torch._backend",
-        "_calls",
-    ): "whether the call being issued is async (per thread)",
+    ("pycollective.torch._forms", "_calls"): "whether the call being issued is async (per thread)",
     ("pycollective._buffers", "_torch_dtypes"): "cache: torch dtype -> ours, filled on first use",
     ("pycollective.api.collectives", "_checked_ops"): "cache: (op, dtype) pairs already checked",
-    ("pycollective.torch._backend", "_our_ops"): "cache: torch's RedOpType -> ours, on first use",
+    ("pycollective.torch._forms", "_our_ops"): "cache: torch's RedOpType -> ours, on first use",
+    ("pycollective.torch._forms", "_by_reduce_op"): "cache: torch's ReduceOp -> ours, first use",
 }
 
 _MUTATORS = {

@@ -122,6 +122,31 @@ def main() -> None:
         assert compiled >= 3, f"{compiled} repeated torch calls took the compiled path"
         checks += 1
 
+    # the short way of repeated synchronous calls (torch/_backend.py): a transposed tensor
+    # at a known address is not taken for the contiguous one, a new op is not taken for the
+    # last, and a work someone holds keeps its result (the group's reusable DoneWork)
+    base = torch.arange(9.0).reshape(3, 3)
+    sq = base * (r + 1)
+    for _ in range(2):
+        dist.all_reduce(sq)  # its view is known at its address from now on
+    if r == 0:  # same address, length and dtype, not contiguous
+        tv = sq.copy_(base).t()
+    else:  # the same values, laid out contiguously
+        tv = (base * (r + 1)).t().contiguous()
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    held = dist.group.WORLD.allreduce([tv], opts)
+    same(tv, base.t() * (n * (n + 1) / 2), "transposed at a known address")
+    u = torch.zeros(3)
+    for i, op in enumerate((dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.SUM)):
+        opts.reduceOp = op
+        u.fill_(float(r + i))
+        again = dist.group.WORLD.allreduce([u], opts)
+        want = n * (n - 1) / 2 + n * i if i != 1 else float(n - 1 + i)
+        same(u, torch.full((3,), want), f"short way, op {op}")
+        same(again.get_future().value()[0], u, "a work's result")
+    assert held is not again and held.result()[0] is tv, "a held work was reused"
+
     # non-contiguous: a transposed view is reduced in place
     m = torch.arange(6.0).reshape(2, 3).t() * (r + 1)
     dist.all_reduce(m)

@@ -14,22 +14,17 @@ exactly the group's ranks, so they pass straight through.
 from __future__ import annotations
 
 import datetime
-import functools
 import itertools
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.distributed as tdist
-from torch._C import _distributed_c10d as _c10d
-from torch._C._profiler import _RecordFunctionFast
 
 import torch
 
-from .. import _buffers, _config, _launch_env, _ray_job
+from .. import _config, _launch_env, _ray_job
 from .._errors import CollectiveError, CollectiveTimeout, UsageError
 from .._reduce_ops import ReduceOp as _OurOp
-from .._reduce_ops import to_reduce_op
 from ..api import collectives as _api
 from ..api import p2p as _p2p
 from ..core import rendezvous
@@ -39,176 +34,33 @@ from ..core.work import Work as _OurWork
 from ..core.world import World, count_traffic
 from ..transport import counting as _traffic
 from . import _work
-from ._work import DoneWork, TorchWork, completed, torch_error
+from ._forms import (
+    asynchronous,
+    contiguous,
+    is_options,
+    known_op,
+    one,
+    one_dtype,
+    op_of,
+    paired,
+    root_of,
+    synchronous_call,
+    tensors_of,
+    timeout_of,
+    torch_call,
+)
+from ._views import Staged, SyncViews, dense, dense_device
+from ._work import DoneSlot, TorchWork, completed, torch_error
 
 BACKEND_NAME = "pycollective"
 _CPU = torch.device("cpu")
-_VIEWS_KEPT = 16  # a group's tensor views for synchronous calls (_sync_view)
+_AllreduceOptions = tdist.AllreduceOptions
+_BroadcastOptions = tdist.BroadcastOptions
 
 _instances = itertools.count()
 
 # What issuing one operation leaves to do: our Works, then an optional copy-back.
 _Issued = tuple[list["_OurWork | None"], "Callable[[], None] | None"]
-
-
-# torch's ProcessGroup methods each take several call forms (pybind overloads in torch's
-# C++ API): a list of tensors and an options struct, or a bare tensor with a ReduceOp /
-# RedOpType, an int root and a timeout. C++ callers (DDP's reducer, functional collectives)
-# use the first; Python code holding a group object uses any. Our methods replace torch's
-# on this subclass, so they accept every form; the helpers below read them.
-
-
-def _tensors(x: Any, what: str) -> list[torch.Tensor]:
-    """A tensor or a sequence of tensors, as a list."""
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return list(x)
-    raise UsageError(f"{what} must be a tensor or a list of tensors, got {type(x).__name__}")
-
-
-def _is_options(x: Any) -> bool:
-    return type(x).__name__.endswith("Options")
-
-
-_our_ops: dict[Any, _OurOp] = {}
-
-
-def _op_of(x: Any) -> _OurOp:
-    """Our ReduceOp for an options struct, a ReduceOp, a RedOpType, or None (SUM); torch's
-    are translated once each."""
-    if x is None:
-        return _OurOp.SUM
-    if hasattr(x, "reduceOp"):
-        x = x.reduceOp
-    op = getattr(x, "op", x)  # a ReduceOp object wraps its RedOpType
-    mine = _our_ops.get(op)
-    if mine is None:
-        if getattr(op, "name", "") == "PREMUL_SUM":
-            raise UsageError(
-                "PREMUL_SUM is NCCL-only; the pycollective backend does not support it"
-            )
-        mine = to_reduce_op(op)
-        if not isinstance(op, _OurOp):
-            _our_ops[op] = mine
-    return mine
-
-
-def _timeout_of(*given: Any) -> float | None:
-    """A per-call timeout (seconds) from the first options struct or timedelta given;
-    None when unset."""
-    for x in given:
-        if x is not None and hasattr(x, "timeout"):
-            x = x.timeout
-        if isinstance(x, datetime.timedelta):
-            seconds = x.total_seconds()
-            return seconds if seconds > 0 else None  # torch's "unset" is -1 ms
-    return None
-
-
-def _root_of(x: Any, default: int = 0) -> int:
-    """An int root, or an options struct's rootRank."""
-    if x is None:
-        return default
-    if hasattr(x, "rootRank"):
-        return int(x.rootRank)
-    if isinstance(x, bool) or not isinstance(x, int):
-        raise UsageError(f"root must be an int or an options struct, got {type(x).__name__}")
-    return int(x)
-
-
-def _flat_tensors(x: Any) -> list[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for item in x for t in _flat_tensors(item)]
-    return []
-
-
-_calls = threading.local()
-
-
-def _options_with_async_flag() -> tuple[type, ...]:
-    """torch's options structs that carry `asyncOp`."""
-    found = []
-    for name in dir(_c10d):
-        cls = getattr(_c10d, name)
-        if name.endswith("Options") and isinstance(cls, type):
-            try:
-                if hasattr(cls(), "asyncOp"):
-                    found.append(cls)
-            except Exception:  # noqa: BLE001, S112 - one that needs arguments: not a call's options
-                continue
-    return tuple(found)
-
-
-_OPTIONS = _options_with_async_flag()
-
-
-def _asynchronous() -> bool:
-    """Whether the call being issued runs asynchronously (see _torch_call)."""
-    return not getattr(_calls, "sync", False)
-
-
-def _torch_call(
-    title: str, arg: int = 0
-) -> Callable[[Callable[..., tdist.Work]], Callable[..., tdist.Work]]:
-    """What every collective method does around its body.
-
-    - torch's functions set `asyncOp` in the options they pass: False means the caller
-      waits at once, so the call runs synchronously in the caller's thread (no thread
-      switches: a small synchronous all_reduce costs what our own API's does) and returns
-      a completed Work. C++ callers (DDP's reducer) leave it True: asynchronous.
-    - Errors are raised as torch's DistBackendError too (torch_error).
-    - While torch's profiler records, the call is an asynchronous event named like gloo's
-      ("pycollective:all_reduce") with the tensors of positional argument `arg` as its
-      inputs (as gloo records them), ending when the operation completes.
-    """
-
-    def wrap(method: Callable[..., tdist.Work]) -> Callable[..., tdist.Work]:
-        @functools.wraps(method)
-        def run(self: PycollectiveProcessGroup, *args: Any, **kwargs: Any) -> tdist.Work:
-            sync = False
-            for a in (*args, *kwargs.values()):
-                if isinstance(a, _OPTIONS) and a.asyncOp is False:
-                    sync = True
-                    break
-            event = None
-            if torch.autograd._profiler_enabled():
-                inputs = tuple(_flat_tensors(args[arg])) if len(args) > arg else ()
-                event = _RecordFunctionFast(f"{self._profile_name}:{title}", inputs, {})
-                event.__enter__()
-                sync = False  # the event must end on another thread: asynchronous
-            _calls.sync = sync
-            try:
-                work = method(self, *args, **kwargs)
-            except BaseException as exc:
-                if event is not None:
-                    event.__exit__(None, None, None)
-                raise torch_error(exc) from None
-            finally:
-                _calls.sync = False
-            if event is not None:
-                work._end_event_on_delivery(event)
-            return work
-
-        return run
-
-    return wrap
-
-
-def _one_dtype(tensors: Sequence[torch.Tensor]) -> bool:
-    return len({t.dtype for t in tensors}) == 1
-
-
-def _contiguous(tensors: Sequence[torch.Tensor]) -> bool:
-    return all(t.is_contiguous() for t in tensors)
-
-
-def _pairs(outputs: Sequence[Any], inputs: Sequence[Any]) -> list[tuple[Any, Any]]:
-    if len(outputs) != len(inputs):
-        raise UsageError(f"coalesced op: {len(outputs)} outputs but {len(inputs)} inputs")
-    return list(zip(outputs, inputs, strict=True))
 
 
 def _join(parts: list[_Issued]) -> _Issued:
@@ -222,50 +74,6 @@ def _join(parts: list[_Issued]) -> _Issued:
             f()
 
     return works, run
-
-
-def _dense_device(t: torch.Tensor, what: str) -> torch.Tensor:
-    if t.device.type != "cpu":
-        raise UsageError(f"{what} is on {t.device}; the pycollective backend is CPU only")
-    return t
-
-
-def _dense(t: torch.Tensor, what: str) -> torch.Tensor:
-    if not t.is_cpu:
-        raise UsageError(f"{what} is on {t.device}; the pycollective backend is CPU only")
-    return t
-
-
-class _Staged:
-    """Contiguous stand-ins for non-contiguous tensors, copied back when the op is done."""
-
-    def __init__(self) -> None:
-        self._back: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def inp(self, t: torch.Tensor, what: str) -> torch.Tensor:
-        _dense(t, what)
-        return t if t.is_contiguous() else t.contiguous()
-
-    def out(self, t: torch.Tensor, what: str) -> torch.Tensor:
-        _dense(t, what)
-        if t.is_contiguous():
-            return t
-        c = t.contiguous()
-        self._back.append((t, c))
-        return c
-
-    def finish(self, then: Callable[[], None] | None = None) -> Callable[[], None] | None:
-        if not self._back and then is None:
-            return None
-        back = self._back
-
-        def run() -> None:
-            if then is not None:
-                then()
-            for orig, c in back:
-                orig.copy_(c)
-
-        return run
 
 
 class PycollectiveProcessGroup(tdist.ProcessGroup):
@@ -296,8 +104,9 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         self._pg = _OurGroup(self._world, ranks, group_id_for(ranks, 0), "torch-backend")
         self._traffic = count_traffic(self._world)
         self._group_name = ""
-        self._views: dict[tuple, Any] = {}  # see _sync_view
-        self._solo = size == 1  # no compiled path for _sync_view's views to reach
+        self._views = SyncViews()  # for synchronous calls at 2+ ranks
+        self._done = DoneSlot()  # the works of synchronous calls
+        self._solo = size == 1  # no compiled path for the views to reach
         if size > 1:
             # Every rank has read every address from the store once this returns.
             _api.barrier(group=self._pg)
@@ -369,6 +178,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         completed: destroy_process_group returns with none of them still running."""
         if not self._world.closed:
             rendezvous.close_world(self._world)
+        self._done.release()
         _work.drain()
 
     def abort(self) -> None:
@@ -387,28 +197,8 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         if not pending:  # a synchronous call (our API returns None), or nothing issued
             if finish is not None:
                 finish()
-            return DoneWork(result)
+            return self._done.take(result)
         return TorchWork(pending, result, finish, timeout)
-
-    def _sync_view(self, t: torch.Tensor, what: str) -> Any:
-        """For a synchronous call: a numpy view of a contiguous CPU tensor's memory, made
-        once per address, length and dtype, so that repeated calls take the group's
-        compiled path (ProcessGroup.fast, which takes buffers, not tensors). The view does
-        not keep the tensor alive (nor its storage from being resized): it is used only
-        for a tensor found at its address, during a call that holds the tensor."""
-        key = (t.data_ptr(), t.numel(), t.dtype, t.is_conj(), t.is_neg())
-        try:
-            view = self._views[key]
-        except KeyError:
-            if len(self._views) >= _VIEWS_KEPT:
-                self._views.clear()
-            view = self._views[key] = _buffers.unheld_tensor_view(t, what)
-        return t if view is None else view
-
-    def _one(self, tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
-        if len(tensors) != 1:
-            raise UsageError(f"{op} takes exactly one tensor per process, got {len(tensors)}")
-        return tensors[0]
 
     # ------------------------------------------------------------------ sequence numbers
 
@@ -421,30 +211,55 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
 
     # ------------------------------------------------------------------ collectives
 
-    @_torch_call("all_reduce")
+    # torch's `dist.all_reduce` and `dist.broadcast` of one tensor without async_op, repeated
+    # on the same tensor (a loss, a flag, a step's metrics), take a short way: the view and
+    # the op found from before, our API's compiled path, the group's reusable DoneWork. Any
+    # other form, or what the short way has not seen, goes through the method in full.
+
     def allreduce(
         self, tensors: Any, opts: Any = None, timeout: Any = None, *, op: Any = None
     ) -> tdist.Work:
         """allreduce([t...], AllreduceOptions) | allreduce([t...] or t, op, timeout)."""
-        tensors = _tensors(tensors, "allreduce tensors")
-        rop = _op_of(op if op is not None else opts)
-        seconds = _timeout_of(opts, timeout)
+        if (
+            synchronous_call(opts, _AllreduceOptions)
+            and type(tensors) is list
+            and len(tensors) == 1
+            and timeout is None
+            and op is None
+        ):
+            view = self._views.known(tensors[0])
+            rop = known_op(opts)
+            if view is not None and rop is not None:
+                try:
+                    _api.all_reduce(view, rop, self._pg)
+                except BaseException as exc:
+                    raise torch_error(exc) from None
+                return self._done.take(tensors)
+        return self._allreduce(tensors, opts, timeout, op=op)
+
+    @torch_call("all_reduce")
+    def _allreduce(
+        self, tensors: Any, opts: Any = None, timeout: Any = None, *, op: Any = None
+    ) -> tdist.Work:
+        tensors = tensors_of(tensors, "allreduce tensors")
+        rop = op_of(op if op is not None else opts)
+        seconds = timeout_of(opts, timeout)
         for t in tensors:
             if t.is_sparse:
                 return self._sparse_allreduce(tensors, rop, seconds)
-        staged = _Staged()
-        asynchronous = _asynchronous()
-        if asynchronous or self._solo:
+        staged = Staged()
+        run_async = asynchronous()
+        if run_async or self._solo:
             works = [
                 _api.all_reduce(
-                    staged.out(t, "allreduce tensor"), rop, self._pg, async_op=asynchronous
+                    staged.out(t, "allreduce tensor"), rop, self._pg, async_op=run_async
                 )
                 for t in tensors
             ]
             return self._work(works, staged.finish(), tensors, seconds)
         for t in tensors:
             t = staged.out(t, "allreduce tensor")
-            _api.all_reduce(self._sync_view(t, "allreduce tensor"), rop, self._pg)
+            _api.all_reduce(self._views.get(t, "allreduce tensor"), rop, self._pg)
         return self._work([], staged.finish(), tensors, seconds)
 
     def _sparse_allreduce(
@@ -454,8 +269,8 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         gathered, then summed and coalesced (so the result is the same on every rank)."""
         if op is not _OurOp.SUM:
             raise UsageError(f"sparse all_reduce supports SUM only, got {op.name}")
-        t = self._one(tensors, "sparse allreduce")
-        _dense_device(t, "sparse allreduce tensor")
+        t = one(tensors, "sparse allreduce")
+        dense_device(t, "sparse allreduce tensor")
         if t.layout != torch.sparse_coo:
             raise UsageError(f"sparse allreduce needs a sparse COO tensor, got {t.layout}")
         mine = t.coalesce()
@@ -483,18 +298,18 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         t.copy_(total)  # in place, as gloo leaves it
         return self._work([], None, [t], seconds)
 
-    @_torch_call("all_reduce")
+    @torch_call("all_reduce")
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> tdist.Work:
         """One all-reduce over the tensors laid end to end, then copied back."""
-        tensors = _tensors(tensors, "allreduce_coalesced tensors")
+        tensors = tensors_of(tensors, "allreduce_coalesced tensors")
         if not tensors:
             return completed(tensors)
         dtypes = {t.dtype for t in tensors}
         if len(dtypes) != 1:
             raise UsageError(f"allreduce_coalesced needs one dtype, got {sorted(map(str, dtypes))}")
-        op = _op_of(opts)
-        flat = torch.cat([_dense(t, "allreduce tensor").reshape(-1) for t in tensors])
-        work = _api.all_reduce(flat, op, self._pg, async_op=_asynchronous())
+        op = op_of(opts)
+        flat = torch.cat([dense(t, "allreduce tensor").reshape(-1) for t in tensors])
+        work = _api.all_reduce(flat, op, self._pg, async_op=asynchronous())
 
         def copy_back() -> None:
             offset = 0
@@ -503,50 +318,69 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
                 t.copy_(flat[offset : offset + n].view_as(t))
                 offset += n
 
-        return self._work([work], copy_back, tensors, _timeout_of(opts))
+        return self._work([work], copy_back, tensors, timeout_of(opts))
 
-    @_torch_call("broadcast")
     def broadcast(
         self, tensors: Any, opts: Any = None, timeout: Any = None, *, root: Any = None
     ) -> tdist.Work:
         """broadcast([t...], BroadcastOptions) | broadcast(t, root, timeout)."""
-        tensors = _tensors(tensors, "broadcast tensors")
-        src = _root_of(root if root is not None else opts)
-        staged = _Staged()
-        asynchronous = _asynchronous()
-        if asynchronous or self._solo:
+        if (
+            synchronous_call(opts, _BroadcastOptions)
+            and type(tensors) is list
+            and len(tensors) == 1
+            and timeout is None
+            and root is None
+        ):
+            view = self._views.known(tensors[0])
+            if view is not None:
+                try:
+                    _api.broadcast(view, opts.rootRank, self._pg)
+                except BaseException as exc:
+                    raise torch_error(exc) from None
+                return self._done.take(tensors)
+        return self._broadcast(tensors, opts, timeout, root=root)
+
+    @torch_call("broadcast")
+    def _broadcast(
+        self, tensors: Any, opts: Any = None, timeout: Any = None, *, root: Any = None
+    ) -> tdist.Work:
+        tensors = tensors_of(tensors, "broadcast tensors")
+        src = root_of(root if root is not None else opts)
+        staged = Staged()
+        run_async = asynchronous()
+        if run_async or self._solo:
             works = [
                 _api.broadcast(
                     staged.out(t, "broadcast tensor"),
                     group=self._pg,
-                    async_op=asynchronous,
+                    async_op=run_async,
                     group_src=src,
                 )
                 for t in tensors
             ]
-            return self._work(works, staged.finish(), tensors, _timeout_of(opts, timeout))
+            return self._work(works, staged.finish(), tensors, timeout_of(opts, timeout))
         for t in tensors:
             t = staged.out(t, "broadcast tensor")
-            _api.broadcast(self._sync_view(t, "broadcast tensor"), src, self._pg)
-        return self._work([], staged.finish(), tensors, _timeout_of(opts, timeout))
+            _api.broadcast(self._views.get(t, "broadcast tensor"), src, self._pg)
+        return self._work([], staged.finish(), tensors, timeout_of(opts, timeout))
 
-    @_torch_call("reduce")
+    @torch_call("reduce")
     def reduce(
         self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None,
         *, root: Any = None,
     ) -> tdist.Work:  # fmt: skip
         """reduce([t], ReduceOptions) | reduce(t, root, op, timeout)."""
-        tensors = _tensors(tensors, "reduce tensors")
-        if _is_options(opts):
-            dst, rop = _root_of(opts), _op_of(opts)
+        tensors = tensors_of(tensors, "reduce tensors")
+        if is_options(opts):
+            dst, rop = root_of(opts), op_of(opts)
         else:
-            dst, rop = _root_of(root if root is not None else opts), _op_of(op)
-        staged = _Staged()
-        t = staged.out(self._one(tensors, "reduce"), "reduce tensor")
-        work = _api.reduce(t, op=rop, group=self._pg, async_op=_asynchronous(), group_dst=dst)
-        return self._work([work], staged.finish(), tensors, _timeout_of(opts, timeout))
+            dst, rop = root_of(root if root is not None else opts), op_of(op)
+        staged = Staged()
+        t = staged.out(one(tensors, "reduce"), "reduce tensor")
+        work = _api.reduce(t, op=rop, group=self._pg, async_op=asynchronous(), group_dst=dst)
+        return self._work([work], staged.finish(), tensors, timeout_of(opts, timeout))
 
-    @_torch_call("all_gather", 1)
+    @torch_call("all_gather", 1)
     def allgather(
         self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None
     ) -> tdist.Work:
@@ -554,40 +388,40 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         if isinstance(input_tensors, torch.Tensor):  # the single-tensor form
             outs, inp = list(output_tensors), input_tensors
         else:
-            outs = list(self._one(output_tensors, "allgather"))
-            inp = self._one(input_tensors, "allgather")
+            outs = list(one(output_tensors, "allgather"))
+            inp = one(input_tensors, "allgather")
         issued = self._allgather_list(outs, inp)
-        return self._work(*issued, output_tensors, _timeout_of(opts, timeout))
+        return self._work(*issued, output_tensors, timeout_of(opts, timeout))
 
     def _allgather_list(self, outs: list[torch.Tensor], inp: torch.Tensor) -> _Issued:
-        staged = _Staged()
+        staged = Staged()
         inp = staged.inp(inp, "allgather input")
         targets = [staged.out(o, "allgather output") for o in outs]
-        return [_api.all_gather(targets, inp, self._pg, async_op=_asynchronous())], staged.finish()
+        return [_api.all_gather(targets, inp, self._pg, async_op=asynchronous())], staged.finish()
 
-    @_torch_call("all_gather_into_tensor", 1)
+    @torch_call("all_gather_into_tensor", 1)
     def _allgather_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> tdist.Work:
-        return self._work(*self._allgather_flat(output, input), output, _timeout_of(opts))
+        return self._work(*self._allgather_flat(output, input), output, timeout_of(opts))
 
     all_gather_single = _allgather_base
 
     def _allgather_flat(self, output: torch.Tensor, input: torch.Tensor) -> _Issued:
-        staged = _Staged()
+        staged = Staged()
         out = staged.out(output, "all_gather_into_tensor output")
         inp = staged.inp(input, "all_gather_into_tensor input")
         return [
-            _api.all_gather_into_tensor(out, inp, self._pg, async_op=_asynchronous())
+            _api.all_gather_into_tensor(out, inp, self._pg, async_op=asynchronous())
         ], staged.finish()
 
-    @_torch_call("all_gather", 1)
+    @torch_call("all_gather", 1)
     def allgather_coalesced(
         self, output_lists: Any, input_list: Any, opts: Any = None
     ) -> tdist.Work:
         """output_lists[r][j] receives rank r's input_list[j] (torch's all_gather_coalesced
         layout: one list per rank, each as long as the inputs)."""
-        inputs = _tensors(input_list, "allgather_coalesced inputs")
+        inputs = tensors_of(input_list, "allgather_coalesced inputs")
         lists = [list(o) for o in output_lists]
         if len(lists) != self.size():
             raise UsageError(
@@ -607,9 +441,9 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
                         f"does not fit input {j} ({inp.numel()} x {inp.dtype})"
                     )
         n = self.size()
-        if len(inputs) > 1 and _one_dtype(inputs):
+        if len(inputs) > 1 and one_dtype(inputs):
             # one all-gather of the inputs laid end to end, then each rank's share cut up
-            flat_in = torch.cat([_dense(t, "allgather input").reshape(-1) for t in inputs])
+            flat_in = torch.cat([dense(t, "allgather input").reshape(-1) for t in inputs])
             flat_out = flat_in.new_empty(n * flat_in.numel())
             (work,), _ = self._allgather_flat(flat_out, flat_in)
 
@@ -622,40 +456,40 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
                         lists[r][j].copy_(by_rank[r, offset : offset + k].view_as(lists[r][j]))
                         offset += k
 
-            return self._work([work], copy_out, output_lists, _timeout_of(opts))
+            return self._work([work], copy_out, output_lists, timeout_of(opts))
         parts = [
             self._allgather_list([lists[r][j] for r in range(n)], inp)
             for j, inp in enumerate(inputs)
         ]
-        return self._work(*_join(parts), output_lists, _timeout_of(opts))
+        return self._work(*_join(parts), output_lists, timeout_of(opts))
 
-    @_torch_call("all_gather_into_tensor_coalesced", 1)
+    @torch_call("all_gather_into_tensor_coalesced", 1)
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> tdist.Work:
         """One all-gather of the inputs laid end to end (when they share a dtype), then
         each rank's share copied out: one call instead of a stream of small ones."""
-        pairs = _pairs(outputs, inputs)
-        if len(pairs) > 1 and _one_dtype(inputs) and _contiguous(outputs):
+        matched = paired(outputs, inputs)
+        if len(matched) > 1 and one_dtype(inputs) and contiguous(outputs):
             n = self.size()
-            flat_in = torch.cat([_dense(t, "all_gather input").reshape(-1) for t in inputs])
+            flat_in = torch.cat([dense(t, "all_gather input").reshape(-1) for t in inputs])
             flat_out = flat_in.new_empty(n * flat_in.numel())
             (work,), _ = self._allgather_flat(flat_out, flat_in)
 
             def copy_out() -> None:
                 by_rank, offset = flat_out.view(n, -1), 0
-                for o, i in pairs:
+                for o, i in matched:
                     k = i.numel()
                     o.view(n, k).copy_(by_rank[:, offset : offset + k])
                     offset += k
 
-            return self._work([work], copy_out, outputs, _timeout_of(opts))
-        parts = [self._allgather_flat(o, i) for o, i in pairs]
-        return self._work(*_join(parts), outputs, _timeout_of(opts))
+            return self._work([work], copy_out, outputs, timeout_of(opts))
+        parts = [self._allgather_flat(o, i) for o, i in matched]
+        return self._work(*_join(parts), outputs, timeout_of(opts))
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
-    @_torch_call("reduce_scatter")
+    @torch_call("reduce_scatter")
     def reduce_scatter(
         self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None,
         *, op: Any = None,
@@ -665,119 +499,119 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         if isinstance(output_tensors, torch.Tensor):  # the single-tensor form
             out_t, ins_t = output_tensors, list(input_tensors)
         else:
-            out_t = self._one(output_tensors, "reduce_scatter")
-            ins_t = list(self._one(input_tensors, "reduce_scatter"))
-        rop = _op_of(op if op is not None else opts)
-        staged = _Staged()
+            out_t = one(output_tensors, "reduce_scatter")
+            ins_t = list(one(input_tensors, "reduce_scatter"))
+        rop = op_of(op if op is not None else opts)
+        staged = Staged()
         out = staged.out(out_t, "reduce_scatter output")
         ins = [staged.inp(t, "reduce_scatter input") for t in ins_t]
-        work = _api.reduce_scatter(out, ins, rop, self._pg, async_op=_asynchronous())
-        return self._work([work], staged.finish(), output_tensors, _timeout_of(opts, timeout))
+        work = _api.reduce_scatter(out, ins, rop, self._pg, async_op=asynchronous())
+        return self._work([work], staged.finish(), output_tensors, timeout_of(opts, timeout))
 
-    @_torch_call("reduce_scatter_tensor")
+    @torch_call("reduce_scatter_tensor")
     def _reduce_scatter_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> tdist.Work:
         issued = self._reduce_scatter_flat(output, input, opts)
-        return self._work(*issued, output, _timeout_of(opts))
+        return self._work(*issued, output, timeout_of(opts))
 
     reduce_scatter_single = _reduce_scatter_base
 
     def _reduce_scatter_flat(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> _Issued:
-        op = _op_of(opts)
-        staged = _Staged()
+        op = op_of(opts)
+        staged = Staged()
         out = staged.out(output, "reduce_scatter_tensor output")
         inp = staged.inp(input, "reduce_scatter_tensor input")
-        work = _api.reduce_scatter_tensor(out, inp, op, self._pg, async_op=_asynchronous())
+        work = _api.reduce_scatter_tensor(out, inp, op, self._pg, async_op=asynchronous())
         return [work], staged.finish()
 
-    @_torch_call("reduce_scatter_tensor_coalesced")
+    @torch_call("reduce_scatter_tensor_coalesced")
     def reduce_scatter_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> tdist.Work:
         """One reduce-scatter of every input's rank-r share laid end to end (when they share
         a dtype), then each output cut out of the result."""
-        pairs = _pairs(outputs, inputs)
-        if len(pairs) > 1 and _one_dtype(inputs) and _contiguous(outputs):
+        matched = paired(outputs, inputs)
+        if len(matched) > 1 and one_dtype(inputs) and contiguous(outputs):
             n = self.size()
-            sizes = [o.numel() for o, _ in pairs]
-            for (_, i), k in zip(pairs, sizes, strict=True):
+            sizes = [o.numel() for o, _ in matched]
+            for (_, i), k in zip(matched, sizes, strict=True):
                 if i.numel() != n * k:
                     raise UsageError(
                         f"reduce_scatter_tensor_coalesced: an input of {i.numel()} elements "
                         f"for an output of {k} at world size {n}"
                     )
             flat_in = torch.cat(
-                [_dense(i, "reduce_scatter input").reshape(n, -1) for _, i in pairs], dim=1
+                [dense(i, "reduce_scatter input").reshape(n, -1) for _, i in matched], dim=1
             ).reshape(-1)
             flat_out = flat_in.new_empty(sum(sizes))
             (work,), _ = self._reduce_scatter_flat(flat_out, flat_in, opts)
 
             def copy_out() -> None:
                 offset = 0
-                for (o, _), k in zip(pairs, sizes, strict=True):
+                for (o, _), k in zip(matched, sizes, strict=True):
                     o.copy_(flat_out[offset : offset + k].view_as(o))
                     offset += k
 
-            return self._work([work], copy_out, outputs, _timeout_of(opts))
-        parts = [self._reduce_scatter_flat(o, i, opts) for o, i in pairs]
-        return self._work(*_join(parts), outputs, _timeout_of(opts))
+            return self._work([work], copy_out, outputs, timeout_of(opts))
+        parts = [self._reduce_scatter_flat(o, i, opts) for o, i in matched]
+        return self._work(*_join(parts), outputs, timeout_of(opts))
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
-    @_torch_call("gather", 1)
+    @torch_call("gather", 1)
     def gather(
         self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None
     ) -> tdist.Work:
         """gather([[out...]] on the root, [t], GatherOptions) |
         gather([out...], t, root, timeout)."""
         if isinstance(input_tensors, torch.Tensor):  # the single-tensor form
-            inp_t, dst = input_tensors, _root_of(opts)
+            inp_t, dst = input_tensors, root_of(opts)
             outs_t = list(output_tensors) if self.rank() == dst else None
-            seconds = _timeout_of(timeout)
+            seconds = timeout_of(timeout)
         else:
-            inp_t, dst = self._one(input_tensors, "gather"), _root_of(opts)
-            outs_t = list(self._one(output_tensors, "gather")) if self.rank() == dst else None
-            seconds = _timeout_of(opts)
-        staged = _Staged()
+            inp_t, dst = one(input_tensors, "gather"), root_of(opts)
+            outs_t = list(one(output_tensors, "gather")) if self.rank() == dst else None
+            seconds = timeout_of(opts)
+        staged = Staged()
         inp = staged.inp(inp_t, "gather input")
         outs = None if outs_t is None else [staged.out(o, "gather output") for o in outs_t]
-        work = _api.gather(inp, outs, group=self._pg, async_op=_asynchronous(), group_dst=dst)
+        work = _api.gather(inp, outs, group=self._pg, async_op=asynchronous(), group_dst=dst)
         return self._work([work], staged.finish(), output_tensors, seconds)
 
-    @_torch_call("scatter", 1)
+    @torch_call("scatter", 1)
     def scatter(
         self, output_tensors: Any, input_tensors: Any, opts: Any = None, timeout: Any = None
     ) -> tdist.Work:
         """scatter([out], [[in...]] on the root, ScatterOptions) |
         scatter(out, [in...], root, timeout)."""
-        src = _root_of(opts)
+        src = root_of(opts)
         if isinstance(output_tensors, torch.Tensor):  # the single-tensor form
             out_t = output_tensors
             ins_t = list(input_tensors) if self.rank() == src else None
-            seconds = _timeout_of(timeout)
+            seconds = timeout_of(timeout)
         else:
-            out_t = self._one(output_tensors, "scatter")
-            ins_t = list(self._one(input_tensors, "scatter")) if self.rank() == src else None
-            seconds = _timeout_of(opts)
-        staged = _Staged()
+            out_t = one(output_tensors, "scatter")
+            ins_t = list(one(input_tensors, "scatter")) if self.rank() == src else None
+            seconds = timeout_of(opts)
+        staged = Staged()
         out = staged.out(out_t, "scatter output")
         ins = None if ins_t is None else [staged.inp(t, "scatter input") for t in ins_t]
-        work = _api.scatter(out, ins, group=self._pg, async_op=_asynchronous(), group_src=src)
+        work = _api.scatter(out, ins, group=self._pg, async_op=asynchronous(), group_src=src)
         return self._work([work], staged.finish(), output_tensors, seconds)
 
-    @_torch_call("all_to_all", 1)
+    @torch_call("all_to_all", 1)
     def alltoall(
         self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
         opts: Any = None,
     ) -> tdist.Work:  # fmt: skip
-        staged = _Staged()
+        staged = Staged()
         outs = [staged.out(t, "alltoall output") for t in output_tensors]
         ins = [staged.inp(t, "alltoall input") for t in input_tensors]
-        work = _api.all_to_all(outs, ins, self._pg, async_op=_asynchronous())
-        return self._work([work], staged.finish(), output_tensors, _timeout_of(opts))
+        work = _api.all_to_all(outs, ins, self._pg, async_op=asynchronous())
+        return self._work([work], staged.finish(), output_tensors, timeout_of(opts))
 
-    @_torch_call("all_to_all", 1)
+    @torch_call("all_to_all", 1)
     def alltoall_base(
         self,
         output: torch.Tensor,
@@ -787,22 +621,22 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         opts: Any = None,
     ) -> tdist.Work:
         """(out, in, out_splits, in_splits, AllToAllOptions or a timeout)."""
-        staged = _Staged()
+        staged = Staged()
         out = staged.out(output, "all_to_all_single output")
         inp = staged.inp(input, "all_to_all_single input")
         work = _api.all_to_all_single(
             out, inp, list(output_split_sizes) or None, list(input_split_sizes) or None,
-            self._pg, async_op=_asynchronous(),
+            self._pg, async_op=asynchronous(),
         )  # fmt: skip
-        return self._work([work], staged.finish(), output, _timeout_of(opts))
+        return self._work([work], staged.finish(), output, timeout_of(opts))
 
     all_to_all_single = alltoall_base
 
-    @_torch_call("barrier")
+    @torch_call("barrier")
     def barrier(self, opts: Any = None, timeout: Any = None) -> tdist.Work:
         """barrier(BarrierOptions) | barrier(timeout)."""
-        seconds = _timeout_of(timeout, opts)
-        return self._work([_api.barrier(self._pg, async_op=_asynchronous())], None, None, seconds)
+        seconds = timeout_of(timeout, opts)
+        return self._work([_api.barrier(self._pg, async_op=asynchronous())], None, None, seconds)
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """A barrier that names the ranks that did not arrive, with gloo's messages.
@@ -847,23 +681,23 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
 
     # ------------------------------------------------------------------ point-to-point
 
-    @_torch_call("send")
+    @torch_call("send")
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> tdist.Work:  # noqa: N803
-        t = _Staged().inp(self._one(_tensors(tensors, "send"), "send"), "send tensor")
+        t = Staged().inp(one(tensors_of(tensors, "send"), "send"), "send tensor")
         work = _p2p.isend(t, group=self._pg, tag=tag, group_dst=dstRank)
         return self._work([work], None, tensors)
 
-    @_torch_call("recv")
+    @torch_call("recv")
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> tdist.Work:  # noqa: N803
-        staged = _Staged()
-        t = staged.out(self._one(_tensors(tensors, "recv"), "recv"), "recv tensor")
+        staged = Staged()
+        t = staged.out(one(tensors_of(tensors, "recv"), "recv"), "recv tensor")
         work = _p2p.irecv(t, group=self._pg, tag=tag, group_src=srcRank)
         return self._work([work], staged.finish(), tensors)
 
-    @_torch_call("recvAnySource")
+    @torch_call("recvAnySource")
     def recv_anysource(self, tensors: Any, tag: int = 0) -> tdist.Work:
-        staged = _Staged()
-        t = staged.out(self._one(_tensors(tensors, "recv"), "recv"), "recv tensor")
+        staged = Staged()
+        t = staged.out(one(tensors_of(tensors, "recv"), "recv"), "recv tensor")
         work = _p2p.irecv(t, None, group=self._pg, tag=tag)
         return self._work([work], staged.finish(), tensors)
 

@@ -233,6 +233,14 @@ def _cpp_refs(work: tdist.Work) -> int:
     return ctypes.c_uint32.from_address(ptr + _COUNT_OFFSET).value if ptr else -1
 
 
+def _cpp_count_address(work: tdist.Work) -> int:
+    """Where the C++ reference count of `work` lives (fixed for the object's life)."""
+    ptr = ctypes.c_void_p.from_address(id(work) + _VALUE_OFFSET).value
+    if not ptr:
+        raise RuntimeError("a torch Work without its C++ object")
+    return ptr + _COUNT_OFFSET
+
+
 def _refcount_readable() -> bool:
     """Whether _cpp_refs reads what it should on this torch build: one reference for a
     fresh Work, two while torch's boxing holds another."""
@@ -439,12 +447,13 @@ class DoneWork(tdist.Work):
     operations to follow, no completion thread; its torch future is made when asked for.
     Kept alive like a TorchWork (Python code may still hand it to C++)."""
 
-    def __init__(self, result: Any) -> None:
+    def __init__(self, result: Any, keep: bool = True) -> None:
         super().__init__()
         self._result = result
         self._future: torch.futures.Future | None = None
         self._delivered = True  # for _sweep
-        _keep(self)
+        if keep:  # (a DoneSlot keeps its own until someone else holds it)
+            _keep(self)
 
     def get_future(self) -> torch.futures.Future:
         with _alive_lock:
@@ -483,3 +492,41 @@ class DoneWork(tdist.Work):
 def completed(result: Any) -> DoneWork:
     """A Work that is already done (e.g. an empty list of tensors)."""
     return DoneWork(result)
+
+
+class DoneSlot:
+    """The DoneWorks of one group's synchronous calls, one reused while nobody holds it.
+
+    torch's `dist.all_reduce` waits on the work its group returns and drops it, so the
+    same object can answer the next call: making a Work (a pybind trampoline, kept in the
+    registry) costs more than a small call's collective. A work is reused only when
+    nothing but this slot refers to it, from Python or from C++ (the C++ count, read as
+    the registry reads it); otherwise it is left to its holders, kept alive like any other,
+    and a fresh one takes its place."""
+
+    def __init__(self) -> None:
+        self._work: DoneWork | None = None
+        self._refs: Any = None  # the C++ reference count of _work, readable in place
+
+    def take(self, result: Any) -> DoneWork:
+        w = self._work
+        # getrefcount sees the slot, `w` and its own argument: nothing else in Python
+        if w is not None and sys.getrefcount(w) <= 3 and self._refs.value <= 1:
+            w._result = result
+            w._future = None
+            return w
+        if w is not None:
+            _keep(w)  # someone holds it: from now on the registry keeps it for them
+        w = self._work = DoneWork(result, keep=False)
+        if _REFS_READABLE:
+            self._refs = ctypes.c_uint32.from_address(_cpp_count_address(w))
+        else:
+            self._work = None  # cannot tell who holds it: never reused
+            _keep(w)
+        return w
+
+    def release(self) -> None:
+        """Leave the slot's work to the registry (its group is going away)."""
+        if self._work is not None:
+            _keep(self._work)
+        self._work = self._refs = None
