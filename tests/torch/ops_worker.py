@@ -146,6 +146,24 @@ def main() -> None:
         same(u, torch.full((3,), want), f"short way, op {op}")
         same(again.get_future().value()[0], u, "a work's result")
     assert held is not again and held.result()[0] is tv, "a held work was reused"
+    # reduce, all_gather_into_tensor and reduce_scatter_tensor repeated: their short way
+    red, gin, gout = torch.zeros(4), torch.zeros(2), torch.zeros(2 * n)
+    rin, rout = torch.zeros(2 * n), torch.zeros(2)
+    for i, op in enumerate((dist.ReduceOp.SUM, dist.ReduceOp.SUM, dist.ReduceOp.MAX)):
+        red.fill_(float(r + i))
+        dist.reduce(red, dst=n - 1, op=op)
+        if r == n - 1:
+            want = n * (n - 1) / 2 + n * i if op == dist.ReduceOp.SUM else float(n - 1 + i)
+            same(red, torch.full((4,), want), f"repeated reduce {i}")
+        gin.fill_(float(r * 10 + i))
+        dist.all_gather_into_tensor(gout, gin)
+        same(gout, torch.tensor([float(q * 10 + i) for q in range(n) for _ in range(2)]),
+             f"repeated all_gather_into_tensor {i}")  # fmt: skip
+        rin.copy_(torch.arange(2.0 * n) + r + i)
+        dist.reduce_scatter_tensor(rout, rin, op=op)
+        col = torch.arange(2.0 * r, 2.0 * r + 2)
+        want_rs = col * n + n * (n - 1) / 2 + n * i if op == dist.ReduceOp.SUM else col + n - 1 + i
+        same(rout, want_rs, f"repeated reduce_scatter_tensor {i}")
 
     # non-contiguous: a transposed view is reduced in place
     m = torch.arange(6.0).reshape(2, 3).t() * (r + 1)

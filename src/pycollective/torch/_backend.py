@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.distributed as tdist
+from torch._C import _distributed_c10d as _c10d
 
 import torch
 
@@ -56,6 +57,9 @@ BACKEND_NAME = "pycollective"
 _CPU = torch.device("cpu")
 _AllreduceOptions = tdist.AllreduceOptions
 _BroadcastOptions = tdist.BroadcastOptions
+_ReduceOptions = _c10d.ReduceOptions
+_AllgatherOptions = _c10d.AllgatherOptions
+_ReduceScatterOptions = _c10d.ReduceScatterOptions
 
 _instances = itertools.count()
 
@@ -199,6 +203,14 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
                 finish()
             return self._done.take(result)
         return TorchWork(pending, result, finish, timeout)
+
+    def _sync_view(self, t: torch.Tensor, what: str) -> Any:
+        """What a call passes our API for contiguous CPU tensor `t`: in a synchronous call
+        at 2+ ranks its view (SyncViews), so that the next call like it takes the method's
+        short way; else `t`."""
+        if self._solo or asynchronous():
+            return t
+        return self._views.get(t, what)
 
     # ------------------------------------------------------------------ sequence numbers
 
@@ -364,19 +376,41 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
             _api.broadcast(self._views.get(t, "broadcast tensor"), src, self._pg)
         return self._work([], staged.finish(), tensors, timeout_of(opts, timeout))
 
-    @torch_call("reduce")
     def reduce(
         self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None,
         *, root: Any = None,
     ) -> tdist.Work:  # fmt: skip
         """reduce([t], ReduceOptions) | reduce(t, root, op, timeout)."""
+        if (
+            synchronous_call(opts, _ReduceOptions)
+            and type(tensors) is list
+            and len(tensors) == 1
+            and op is None
+            and timeout is None
+            and root is None
+        ):
+            view = self._views.known(tensors[0])
+            rop = known_op(opts)
+            if view is not None and rop is not None:
+                try:
+                    _api.reduce(view, op=rop, group=self._pg, group_dst=opts.rootRank)
+                except BaseException as exc:
+                    raise torch_error(exc) from None
+                return self._done.take(tensors)
+        return self._reduce(tensors, opts, op, timeout, root=root)
+
+    @torch_call("reduce")
+    def _reduce(
+        self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None,
+        *, root: Any = None,
+    ) -> tdist.Work:  # fmt: skip
         tensors = tensors_of(tensors, "reduce tensors")
         if is_options(opts):
             dst, rop = root_of(opts), op_of(opts)
         else:
             dst, rop = root_of(root if root is not None else opts), op_of(op)
         staged = Staged()
-        t = staged.out(one(tensors, "reduce"), "reduce tensor")
+        t = self._sync_view(staged.out(one(tensors, "reduce"), "reduce tensor"), "reduce tensor")
         work = _api.reduce(t, op=rop, group=self._pg, async_op=asynchronous(), group_dst=dst)
         return self._work([work], staged.finish(), tensors, timeout_of(opts, timeout))
 
@@ -399,8 +433,22 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         targets = [staged.out(o, "allgather output") for o in outs]
         return [_api.all_gather(targets, inp, self._pg, async_op=asynchronous())], staged.finish()
 
-    @torch_call("all_gather_into_tensor", 1)
     def _allgather_base(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> tdist.Work:
+        """all_gather_into_tensor(output, input, AllgatherOptions)."""
+        if synchronous_call(opts, _AllgatherOptions):
+            out, inp = self._views.known(output), self._views.known(input)
+            if out is not None and inp is not None:
+                try:
+                    _api.all_gather_into_tensor(out, inp, self._pg)
+                except BaseException as exc:
+                    raise torch_error(exc) from None
+                return self._done.take(output)
+        return self._allgather_into_tensor(output, input, opts)
+
+    @torch_call("all_gather_into_tensor", 1)
+    def _allgather_into_tensor(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> tdist.Work:
         return self._work(*self._allgather_flat(output, input), output, timeout_of(opts))
@@ -409,8 +457,8 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
 
     def _allgather_flat(self, output: torch.Tensor, input: torch.Tensor) -> _Issued:
         staged = Staged()
-        out = staged.out(output, "all_gather_into_tensor output")
-        inp = staged.inp(input, "all_gather_into_tensor input")
+        out = self._sync_view(staged.out(output, "all_gather_into_tensor output"), "output")
+        inp = self._sync_view(staged.inp(input, "all_gather_into_tensor input"), "input")
         return [
             _api.all_gather_into_tensor(out, inp, self._pg, async_op=asynchronous())
         ], staged.finish()
@@ -508,8 +556,23 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         work = _api.reduce_scatter(out, ins, rop, self._pg, async_op=asynchronous())
         return self._work([work], staged.finish(), output_tensors, timeout_of(opts, timeout))
 
-    @torch_call("reduce_scatter_tensor")
     def _reduce_scatter_base(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> tdist.Work:
+        """reduce_scatter_tensor(output, input, ReduceScatterOptions)."""
+        if synchronous_call(opts, _ReduceScatterOptions):
+            out, inp = self._views.known(output), self._views.known(input)
+            rop = known_op(opts)
+            if out is not None and inp is not None and rop is not None:
+                try:
+                    _api.reduce_scatter_tensor(out, inp, rop, self._pg)
+                except BaseException as exc:
+                    raise torch_error(exc) from None
+                return self._done.take(output)
+        return self._reduce_scatter_into_tensor(output, input, opts)
+
+    @torch_call("reduce_scatter_tensor")
+    def _reduce_scatter_into_tensor(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> tdist.Work:
         issued = self._reduce_scatter_flat(output, input, opts)
@@ -520,8 +583,8 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     def _reduce_scatter_flat(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> _Issued:
         op = op_of(opts)
         staged = Staged()
-        out = staged.out(output, "reduce_scatter_tensor output")
-        inp = staged.inp(input, "reduce_scatter_tensor input")
+        out = self._sync_view(staged.out(output, "reduce_scatter_tensor output"), "output")
+        inp = self._sync_view(staged.inp(input, "reduce_scatter_tensor input"), "input")
         work = _api.reduce_scatter_tensor(out, inp, op, self._pg, async_op=asynchronous())
         return [work], staged.finish()
 
