@@ -12,6 +12,7 @@ Sans-IO: the source is parsed with `ast`, nothing is imported.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -384,3 +385,218 @@ def test_safety_leaves_import_only_the_errors() -> None:
 )
 def test_layer_names(module: str, expected: str) -> None:
     assert layer(module) == expected
+
+
+# ---------------------------------------------------------------------- the prose rules
+
+# What a schedule (pure data: rounds of Send/Recv/Copy) may import from outside the
+# package: computation only. Anything else (socket, select, os, threading, the transport)
+# could do I/O, so a schedule that needs it is no longer sans-IO.
+SCHEDULE_MAY_IMPORT = {
+    "__future__",
+    "bisect",
+    "collections",
+    "collections.abc",
+    "dataclasses",
+    "enum",
+    "functools",
+    "heapq",
+    "itertools",
+    "math",
+    "numpy",
+    "operator",
+    "typing",
+    "zlib",
+}
+# Builtins that read or write outside the process.
+_IO_BUILTINS = {"open", "print", "input", "breakpoint", "__import__", "exec", "eval"}
+
+
+def outside_imports(path: Path, package: str = PACKAGE) -> list[tuple[str, int]]:
+    """(module, line) of every import from outside the package, anywhere in the file
+    (inside functions too: a lazy import does I/O as well as any)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] != package]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] != package:
+                found.append((node.module, node.lineno))
+    return found
+
+
+def schedule_io(root: Path = SRC, package: str = PACKAGE) -> list[str]:
+    """Where schedule/, or a module of the package it imports (directly or not), imports
+    something outside SCHEDULE_MAY_IMPORT, calls an I/O builtin or imports the transport."""
+    files = module_files(root, package)
+    edges = graph(root, package)
+    todo = [m for m in files if m.startswith(f"{package}.schedule")]
+    seen: set[str] = set()
+    bad = []
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        path = files[module]
+        if path.suffix != ".py":
+            bad.append(f"{module} is compiled: nothing says what it does")
+            continue
+        where = path.relative_to(root)
+        for target in sorted(edges[module]):
+            if target.split(".")[1:2] == ["transport"]:
+                bad.append(f"{where} imports {target}")
+            todo.append(target)
+        for name, line in outside_imports(path, package):
+            if name not in SCHEDULE_MAY_IMPORT:
+                bad.append(f"{where}:{line} imports {name}")
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in _IO_BUILTINS
+            ):
+                bad.append(f"{where}:{node.lineno} calls {node.func.id}()")
+    return sorted(bad)
+
+
+def test_a_schedule_never_touches_a_socket() -> None:
+    bad = schedule_io()
+    assert not bad, (
+        "schedule/ is sans-IO (docs/architecture.md): its algorithms are data, and the "
+        "executor (runners/executor.py) is the only place they meet I/O:\n" + "\n".join(bad)
+    )
+
+
+def test_a_planted_schedule_io_is_found(tmp_path) -> None:
+    """The check on a small package whose schedule does I/O three ways: directly, through
+    a leaf that imports socket, and through the transport."""
+    pkg = tmp_path / "planted"
+    for folder in ("schedule", "transport"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "_net.py").write_text("import socket\n")
+    (pkg / "_math.py").write_text("import math\n")
+    (pkg / "transport" / "tcp.py").write_text("X = 1\n")
+    (pkg / "schedule" / "ring.py").write_text(
+        "import numpy as np\nfrom .. import _math, _net\n\ndef f():\n    import select\n"
+    )
+    (pkg / "schedule" / "tree.py").write_text(
+        "from ..transport.tcp import X\n\ndef g():\n    print(X)\n"
+    )
+    assert schedule_io(tmp_path, "planted") == [
+        "planted/_net.py:1 imports socket",
+        "planted/schedule/ring.py:5 imports select",
+        "planted/schedule/tree.py imports planted.transport.tcp",
+        "planted/schedule/tree.py:4 calls print()",
+    ]
+
+
+def runner_names(root: Path = SRC, package: str = PACKAGE) -> set[str]:
+    """What would name a runner: every public class of runners/ but the protocol (_base.py), the
+    modules of runners/, and the algorithm names runners own rather than schedule/ (the
+    wire's table less the schedules' names)."""
+    folder = root / package / "runners"
+    names = {p.stem for p in folder.glob("*.py")} - {"__init__", "_base"}
+    for path in folder.glob("*.py"):
+        if path.name == "_base.py":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        names |= {n.name for n in tree.body if isinstance(n, ast.ClassDef) and n.name[0] != "_"}
+    wire = root / package / "transport" / "_wire.py"
+    schedules = {p.stem for p in (root / package / "schedule").glob("*.py")}
+    if wire.exists():
+        for node in ast.walk(ast.parse(wire.read_text())):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and node.target.id == "ALGO_CODE"
+                and isinstance(node.value, ast.Dict)
+            ):
+                names |= {
+                    k.value
+                    for k in node.value.keys
+                    if isinstance(k, ast.Constant) and k.value not in schedules
+                }
+    return names
+
+
+def names_a_runner(path: Path, names: set[str]) -> list[str]:
+    """Where the code of `path` names one of `names`: an identifier, an attribute, an
+    import (module or name) or a string that is not a docstring; and where its text
+    (docstrings, comments) names a runner class."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            if isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                docstrings.add(id(body[0].value))
+    bad = []
+    for node in ast.walk(tree):
+        said: list[str] = []
+        if isinstance(node, ast.Name):
+            said = [node.id]
+        elif isinstance(node, ast.Attribute):
+            said = [node.attr]
+        elif isinstance(node, ast.alias):
+            said = [node.name.split(".")[-1], *(node.name.split("."))]
+        elif isinstance(node, ast.ImportFrom):
+            said = (node.module or "").split(".")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if id(node) not in docstrings:
+                said = [node.value]
+        for word in said:
+            if word in names:
+                bad.append(f"{path.name}:{getattr(node, 'lineno', '?')} names {word}")
+    classes = {n for n in names if n[:1].isupper()}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        for word in classes:
+            if word in re.findall(r"[A-Za-z_]\w*", line):
+                bad.append(f"{path.name}:{number} mentions {word}")
+    return sorted(set(bad))
+
+
+def test_the_group_never_names_a_runner() -> None:
+    names = runner_names()
+    assert {"ArenaRunner", "ScheduledRunner", "arena", "shm", "hierarchical"} <= names
+    bad = names_a_runner(SRC / PACKAGE / "core" / "group.py", names)
+    assert not bad, (
+        "core/group.py knows runners only through the protocol (runners/_base.py) and the "
+        "registry (docs/architecture.md, 'Adding a way to run calls'):\n" + "\n".join(bad)
+    )
+
+
+def test_a_planted_runner_name_is_found(tmp_path) -> None:
+    """The check on a group that names a runner in each way it can."""
+    pkg = tmp_path / "planted"
+    (pkg / "runners").mkdir(parents=True)
+    (pkg / "transport").mkdir()
+    (pkg / "schedule").mkdir()
+    (pkg / "schedule" / "ring.py").write_text("")
+    (pkg / "runners" / "_base.py").write_text("class Runner: ...\n")
+    (pkg / "runners" / "arena.py").write_text("class ArenaRunner: ...\n")
+    (pkg / "transport" / "_wire.py").write_text("ALGO_CODE: dict = {'ring': 1, 'shm': 2}\n")
+    group = pkg / "group.py"
+    group.write_text(
+        '"""Runs calls; the compiled arena stands in for ArenaRunner."""\n'
+        "from .runners import Runner\n"
+        "from .runners.arena import ArenaRunner\n"
+        "def f(r: Runner):\n"
+        '    """ring and shm in a docstring are words, not names."""\n'
+        "    # the ArenaRunner, in a comment\n"
+        "    return r.algorithm == 'shm' or isinstance(r, ArenaRunner)\n"
+    )
+    names = runner_names(tmp_path, "planted")
+    assert names == {"arena", "ArenaRunner", "shm"}
+    assert names_a_runner(group, names) == [
+        "group.py:1 mentions ArenaRunner",
+        "group.py:3 mentions ArenaRunner",
+        "group.py:3 names ArenaRunner",
+        "group.py:3 names arena",
+        "group.py:6 mentions ArenaRunner",
+        "group.py:7 mentions ArenaRunner",
+        "group.py:7 names ArenaRunner",
+        "group.py:7 names shm",
+    ]
