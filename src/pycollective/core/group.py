@@ -120,7 +120,7 @@ class ProcessGroup:
 
     def runner(self, kind: type) -> Runner | None:
         """This group's runner of a kind (runners.REGISTRY), or the one standing in for it
-        (`replaces`: the compiled arena for ArenaRunner); None if it has none (yet: they
+        (`replaces`: a compiled runner for the one it builds on); None if it has none (yet: they
         are set up at the group's first collective)."""
         return next(
             (
