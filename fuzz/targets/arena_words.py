@@ -33,7 +33,7 @@ SIZES = (2, 3, 4)
 ROUNDS = 4  # C's returns handled per input: peers that never arrive are a timeout
 BUDGET_NS = 50_000
 # (collective, wire kind) the compiled core runs, and the dtypes it takes
-COLLECTIVES = tuple(_native.CODE)
+COLLECTIVES = tuple(_native._native.KIND_CODE)  # the compiled core's, numbered as the wire
 DTYPES = {2: np.float32, 3: np.float64, 6: np.int32, 8: np.uint8, 16: np.uint8}
 OPS_FLOAT = (0, 1, 2, 3, 7)  # SUM PRODUCT MIN MAX AVG: the API refuses bitwise ops on floats
 OPS_INT = (0, 1, 2, 3, 4, 5, 6)  # ... and AVG on integers
@@ -121,7 +121,7 @@ def check(data: bytes) -> None:
 def _run_compiled(rank0, collective, code, op, root, count, header, size) -> None:
     dt = DTYPES[code]
     plan = _native._native.Plan(
-        _native.CODE[collective], code, op, root, 0,
+        _wire.KIND_CODE[collective], code, op, root, 0,
         (header.kind, header.dtype, header.count, header.root, header.op, header.algo),
     )  # fmt: skip
     inp = out = None
