@@ -40,14 +40,6 @@ def _mesh(n: int) -> list:
     return out
 
 
-@pytest.fixture
-def pair():
-    ts = _mesh(2)
-    yield ts
-    for t in ts:
-        t.close()
-
-
 def _p2p(tag: int, nbytes: int, dtype_code: int = 2) -> Header:
     return Header(
         _wire.P2P, _wire.KIND_CODE["send_recv"], dtype_code, 0, 0, GROUP, 0, tag, 0, 0, nbytes

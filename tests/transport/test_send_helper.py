@@ -11,19 +11,11 @@ import time
 
 import numpy as np
 import pytest
-from tests.transport.test_conformance import _both, _data, _mesh
+from tests.transport.test_conformance import _both, _data
 
 from pycollective import TransportError
 from pycollective.transport._base import InMessage, OutMessage
 from pycollective.transport.tcp import sending
-
-
-@pytest.fixture
-def pair():
-    ts = _mesh(2)
-    yield ts
-    for t in ts:
-        t.close()
 
 
 def _started(t) -> list[int]:
