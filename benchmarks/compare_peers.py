@@ -27,6 +27,10 @@ factors. "vs gloo" and "vs OpenMPI" are how many times faster pycollective is (t
 over ours), against OpenMPI's in-place all_reduce where measured. Also measured: what one
 core of numpy copies and adds per second, the ceiling a rank's own work runs into.
 
+With --runs N every job runs N times, each time in new processes, and a last table gives
+each cell's spread over the runs (min / median / max of the runs' medians, and max/min),
+OpenMPI's beside ours: `--runs 10 --jobs shm -b 64M -e 64M` is the 64 MiB spread.
+
 Prints markdown tables, writes JSON (benchmarks/results/compare_peers.json) and, with
 --markdown FILE, the tables to a file; --readme README.md puts them into the README's speed
 section (between its compare_peers markers). Run as root it installs what is missing
@@ -591,6 +595,36 @@ def crosshost_rows(job: Job, results: list[dict]) -> list[dict]:
     return out
 
 
+def spread_rows(runs: list[list[dict]]) -> list[dict]:
+    """For each (job, collective, size, column) measured in every run: the runs' times
+    (each a run's median), their min / median / max, and max over min."""
+    cells: dict[tuple, list[float]] = {}
+    for run_rows in runs:
+        for row in run_rows:
+            for column, c in row["columns"].items():
+                if c and "time_us" in c:
+                    key = (row["job"], row["collective"], row["bytes"], column)
+                    cells.setdefault(key, []).append(c["time_us"])
+    out = []
+    for (job, collective, nbytes, column), times in cells.items():
+        if len(times) < len(runs):
+            continue  # failed in some run: no spread to speak of
+        out.append(
+            {
+                "job": job,
+                "collective": collective,
+                "bytes": nbytes,
+                "column": column,
+                "times_us": times,
+                "min_us": min(times),
+                "median_us": statistics.median(times),
+                "max_us": max(times),
+                "max_over_min": max(times) / min(times) if min(times) > 0 else None,
+            }
+        )
+    return out
+
+
 def markdown_crosshost(job: Job, rows: list[dict], results: list[dict]) -> list[str]:
     mine = [r for r in results if r["name"] == job.name]
     streams = [v * 8 / 1e9 for r in mine for v in r["goodput_Bps"].values()]
@@ -666,6 +700,24 @@ def crosshost_targets(rows: list[dict]) -> list[dict]:
 def _goal(text: str, value: float | None, need: float) -> dict:
     met = None if value is None else value >= need
     return {"goal": text, "value": value, "need": need, "met": met}
+
+
+def markdown_spread(spread: list[dict], runs: int) -> list[str]:
+    lines = [
+        f"**Spread over {runs} runs of the whole job** (each run's median time per call; "
+        "new processes every run)",
+        "",
+        "| job | collective | size | library | min | median | max | max/min |",
+        "|---|---|--:|---|--:|--:|--:|--:|",
+    ]
+    for r in spread:
+        ratio = "-" if r["max_over_min"] is None else f"{r['max_over_min']:.2f}"
+        lines.append(
+            f"| {r['job']} | {r['collective']} | {human(r['bytes'])} | {r['column']} | "
+            f"{fmt_time(r['min_us'])} | {fmt_time(r['median_us'])} | {fmt_time(r['max_us'])} "
+            f"| {ratio} |"
+        )
+    return lines
 
 
 # ----------------------------------------------------------------------------- targets
@@ -917,6 +969,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=3,
         help="runs of each cross-host job, for the spread (the issue's numbers: >= 10)",
     )
+    p.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="run every job this many times (new processes each time) and print the spread "
+        "of each cell over the runs: min / median / max of the runs' medians, max/min",
+    )
     p.add_argument("--reps", type=int, default=21, help="most repetitions per size")
     p.add_argument("--min-reps", type=int, default=11, help="fewest repetitions (default 11)")
     p.add_argument("--warmup", type=int, default=3)
@@ -958,8 +1017,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="more mpirun options, e.g. '--bind-to none' (default: mpirun's own defaults)",
     )
     args = p.parse_args(argv)
-    if args.nprocs < 2 or args.factor < 2 or args.min_bytes > args.max_bytes:
-        p.error("need -n >= 2, -f >= 2 and -b <= -e")
+    if args.nprocs < 2 or args.factor < 2 or args.min_bytes > args.max_bytes or args.runs < 1:
+        p.error("need -n >= 2, -f >= 2, -b <= -e and --runs >= 1")
     return args
 
 
@@ -1018,13 +1077,21 @@ def main(argv: list[str] | None = None) -> int:
     sampler = LoadSampler()
     limits = numpy_limits(args.big, 11)
     results, rows, xresults, xrows = [], [], [], []
+    runs: list[list[dict]] = []  # each run's rows (the first run's are `rows`)
     try:
-        for job in jobs:
-            extra = ["deepspeed"] if job.deepspeed else []
-            res = run_job(job, [job.ours, *backends_all, *extra], mpirun, args)
-            res["skipped"] = skipped
-            results.append(res)
-            rows += build_rows(job, res)
+        for run in range(args.runs):
+            if args.runs > 1:
+                print(f"# run {run + 1} of {args.runs}", flush=True)
+            run_rows: list[dict] = []
+            for job in jobs:
+                extra = ["deepspeed"] if job.deepspeed else []
+                res = run_job(job, [job.ours, *backends_all, *extra], mpirun, args)
+                res["skipped"] = skipped
+                if run == 0 or "error" in res:
+                    results.append(res)  # a failed later run is reported too
+                run_rows += build_rows(job, res)
+            runs.append(run_rows)
+        rows = runs[0] if runs else []
         if xjobs:
             xresults = run_crosshost(xjobs, backends_all, mpirun, args)
             for job in xjobs:
@@ -1078,6 +1145,9 @@ def main(argv: list[str] | None = None) -> int:
         md.append("")
     for backend, reason in skipped.items():
         md.append(f"{backend} left out: {reason}")
+    spread = spread_rows(runs) if len(runs) > 1 else []
+    if spread:
+        md += ["", *markdown_spread(spread, len(runs))]
     md += ["", *markdown_targets(goals)]
     text = "\n".join(md)
     print("\n" + text, flush=True)
@@ -1099,6 +1169,8 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "crosshost_jobs": xresults,
         "crosshost_rows": xrows,
+        "later_runs": runs[1:],
+        "spread": spread,
         "targets": goals,
     }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

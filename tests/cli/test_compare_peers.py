@@ -180,3 +180,22 @@ def test_crosshost_mpirun_command(tmp_path) -> None:
     jobs = {j.name: j for j in cp.plan_jobs(args)}
     assert (jobs["xhost1"].ranks, jobs["xhost2"].ranks) == (2, 4)
     assert args.xhost_runs >= 1
+
+
+def test_spread_over_runs() -> None:
+    job = cp.Job("shm", "t", 2, [], "shm")
+    big = 64 << 20
+    runs = [
+        cp.build_rows(job, {"records": [_rec("shm", "auto", "all_reduce", big, ours),
+                                        _rec("openmpi", "in_place", "all_reduce", big, mpi)]})
+        for ours, mpi in ((12_000.0, 33_000.0), (32_800.0, 37_000.0), (13_000.0, 35_000.0))
+    ]  # fmt: skip
+    runs[2][0]["columns"]["openmpi_in_place"] = {"error": "died"}  # one run failed there
+    spread = {r["column"]: r for r in cp.spread_rows(runs)}
+    assert set(spread) == {"pycollective"}  # a cell missing from a run has no spread
+    ours = spread["pycollective"]
+    assert ours["times_us"] == [12_000.0, 32_800.0, 13_000.0]
+    assert (ours["min_us"], ours["median_us"], ours["max_us"]) == (12_000.0, 13_000.0, 32_800.0)
+    assert ours["max_over_min"] == pytest.approx(32_800 / 12_000)
+    table = "\n".join(cp.markdown_spread(list(spread.values()), 3))
+    assert "| shm | all_reduce | 64 MiB | pycollective | 12 ms | 13 ms | 32.8 ms | 2.73 |" in table
