@@ -911,6 +911,9 @@ def plan_jobs(args: argparse.Namespace) -> list[Job]:
             headers={"openmpi_in_place": "OpenMPI in place"},
             per_host=per_host,
         )
+    keep = set(args.collectives.split(","))
+    for job in jobs.values():
+        job.plan = [(c, s) for c, s in job.plan if c in keep]
     for job in jobs.values():
         job.headers = {
             "pycollective": "pycollective",
@@ -968,6 +971,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=3,
         help="runs of each cross-host job, for the spread (the issue's numbers: >= 10)",
+    )
+    p.add_argument(
+        "--collectives",
+        default="all_reduce,broadcast,all_gather,reduce_scatter",
+        help="which collectives the jobs measure (default all four)",
     )
     p.add_argument(
         "--runs",
