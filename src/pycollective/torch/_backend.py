@@ -23,9 +23,8 @@ from torch._C import _distributed_c10d as _c10d
 
 import torch
 
-from .. import _config, _launch_env, _ray_job
+from .. import _config, _ray_job
 from .._errors import CollectiveError, CollectiveTimeout, UsageError
-from .._reduce_ops import ReduceOp as _OurOp
 from ..api import collectives as _api
 from ..api import p2p as _p2p
 from ..core import rendezvous
@@ -50,7 +49,9 @@ from ._forms import (
     timeout_of,
     torch_call,
 )
-from ._views import Staged, SyncViews, dense, dense_device
+from ._sparse import sparse_all_reduce
+from ._store import meeting_place
+from ._views import Staged, SyncViews, dense
 from ._work import DoneSlot, TorchWork, completed, torch_error
 
 BACKEND_NAME = "pycollective"
@@ -90,7 +91,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
         seconds = _config.timeout_seconds(seconds if seconds and seconds > 0 else None)
         adapter = rendezvous.TorchStoreAdapter(store, "", "torch's c10d store")
-        master_addr, multi_node = _where(store)
+        master_addr, multi_node = meeting_place(store)
         self._world: World = rendezvous.connect_world(
             rank,
             size,
@@ -277,37 +278,8 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     def _sparse_allreduce(
         self, tensors: list[torch.Tensor], op: Any, seconds: float | None
     ) -> tdist.Work:
-        """Sparse COO all-reduce as gloo does it: every rank's indices and values are
-        gathered, then summed and coalesced (so the result is the same on every rank)."""
-        if op is not _OurOp.SUM:
-            raise UsageError(f"sparse all_reduce supports SUM only, got {op.name}")
         t = one(tensors, "sparse allreduce")
-        dense_device(t, "sparse allreduce tensor")
-        if t.layout != torch.sparse_coo:
-            raise UsageError(f"sparse allreduce needs a sparse COO tensor, got {t.layout}")
-        mine = t.coalesce()
-        idx, val = mine.indices().contiguous(), mine.values().contiguous()
-        n = self.size()
-        nnz = torch.tensor([idx.shape[1]], dtype=torch.int64)
-        counts = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
-        _api.all_gather(counts, nnz, self._pg)
-        widest = max(int(c.item()) for c in counts)
-        # Equal shapes on every rank: pad to the largest nnz, then cut each rank's share.
-        idx_pad = idx.new_zeros((idx.shape[0], widest))
-        idx_pad[:, : idx.shape[1]] = idx
-        val_pad = val.new_zeros((widest, *val.shape[1:]))
-        val_pad[: val.shape[0]] = val
-        idx_all = [torch.empty_like(idx_pad) for _ in range(n)]
-        val_all = [torch.empty_like(val_pad) for _ in range(n)]
-        _api.all_gather(idx_all, idx_pad, self._pg)
-        _api.all_gather(val_all, val_pad, self._pg)
-        k = [int(c.item()) for c in counts]
-        total = torch.sparse_coo_tensor(
-            torch.cat([i[:, : k[r]] for r, i in enumerate(idx_all)], dim=1),
-            torch.cat([v[: k[r]] for r, v in enumerate(val_all)]),
-            t.shape,
-        ).coalesce()
-        t.copy_(total)  # in place, as gloo leaves it
+        sparse_all_reduce(self._pg, t, op)
         return self._work([], None, [t], seconds)
 
     @torch_call("all_reduce")
@@ -763,34 +735,6 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         t = staged.out(one(tensors_of(tensors, "recv"), "recv"), "recv tensor")
         work = _p2p.irecv(t, None, group=self._pg, tag=tag)
         return self._work([work], staged.finish(), tensors)
-
-
-def _where(store: Any) -> tuple[str | None, bool]:
-    """Where the job meets and whether it spans hosts. The meeting place is the host of
-    torch's TCPStore under `store` (what env:// and tcp:// connect to: a tcp:// job sets
-    no MASTER_ADDR, as Ray Train's init_method="tcp" does not), else MASTER_ADDR; whether it
-    spans hosts is the launcher's word (RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, ...). A
-    single-host job listens on loopback only, a multi-host one on the interface that routes
-    to the meeting place (_netutil.listen_address)."""
-    try:
-        env = _launch_env.detect()
-    except UsageError:
-        env = None
-    host = _tcpstore_host(store)
-    if host is None and env is not None:
-        host = env.master_addr
-    return host, env is not None and env.multi_node
-
-
-def _tcpstore_host(store: Any) -> str | None:
-    """The host of the TCPStore inside torch's PrefixStores, if there is one."""
-    for _ in range(16):
-        if isinstance(store, tdist.TCPStore):
-            return store.host
-        store = getattr(store, "underlying_store", None)
-        if store is None:
-            return None
-    return None
 
 
 def create_backend(

@@ -20,8 +20,9 @@ from urllib.parse import parse_qs, urlparse
 
 import torch.distributed as tdist
 
+from .. import _launch_env
 from .. import store as _store
-from .._errors import StoreError
+from .._errors import StoreError, UsageError
 
 # The module, not the function torch.distributed re-exports under the same name.
 _rdzv = importlib.import_module("torch.distributed.rendezvous")
@@ -129,3 +130,31 @@ def install_env_rendezvous() -> None:
     if current is None or getattr(current, "_pycollective", False):
         return
     handlers["env"] = _env_handler(current)
+
+
+def meeting_place(store: Any) -> tuple[str | None, bool]:
+    """Where the job meets and whether it spans hosts. The meeting place is the host of
+    torch's TCPStore under `store` (what env:// and tcp:// connect to: a tcp:// job sets
+    no MASTER_ADDR, as Ray Train's init_method="tcp" does not), else MASTER_ADDR; whether it
+    spans hosts is the launcher's word (RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, ...). A
+    single-host job listens on loopback only, a multi-host one on the interface that routes
+    to the meeting place (_netutil.listen_address)."""
+    try:
+        env = _launch_env.detect()
+    except UsageError:
+        env = None
+    host = _tcpstore_host(store)
+    if host is None and env is not None:
+        host = env.master_addr
+    return host, env is not None and env.multi_node
+
+
+def _tcpstore_host(store: Any) -> str | None:
+    """The host of the TCPStore inside torch's PrefixStores, if there is one."""
+    for _ in range(16):
+        if isinstance(store, tdist.TCPStore):
+            return store.host
+        store = getattr(store, "underlying_store", None)
+        if store is None:
+            return None
+    return None
