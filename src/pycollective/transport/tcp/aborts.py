@@ -16,21 +16,21 @@ from ..._errors import (
 from .. import _wire
 from .._wire import Header
 
-_ERROR_CODES: dict[type[CollectiveError], int] = {
+ERROR_CODES: dict[type[CollectiveError], int] = {
     CollectiveError: 1,
     TransportError: 2,
     CollectiveTimeout: 3,
     MismatchError: 4,
     UsageError: 5,
 }
-_ERROR_TYPES = {code: cls for cls, code in _ERROR_CODES.items()}
+ERROR_TYPES = {code: cls for cls, code in ERROR_CODES.items()}
 
 
 def error_code(exc: BaseException) -> int:
     """The wire code of `exc`'s class (its nearest known base; 1 for anything else)."""
     for cls in type(exc).__mro__:
-        if cls in _ERROR_CODES:
-            return _ERROR_CODES[cls]
+        if cls in ERROR_CODES:
+            return ERROR_CODES[cls]
     return 1
 
 
@@ -52,7 +52,7 @@ def encode(error: CollectiveError, group: int, seq: int) -> bytes:
 def decode(peer: int, header: Header, payload: np.ndarray | None) -> CollectiveError:
     """The error an ABORT frame from `peer` reports (its payload None if it had none)."""
     reason = bytes(payload).decode("utf-8", "replace") if payload is not None else ""
-    cls = _ERROR_TYPES.get(header.kind, CollectiveError)
+    cls = ERROR_TYPES.get(header.kind, CollectiveError)
     if cls is UsageError:
         cls = CollectiveError  # someone else's misuse is not ours
     message = f"rank {peer} failed: {reason}"
