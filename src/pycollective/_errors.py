@@ -1,4 +1,4 @@
-"""The error hierarchy (DESIGN.md section 5).
+"""The error hierarchy (README, "Errors, never hangs").
 
 Every failure that crosses a rank boundary surfaces as one of these, on every rank
 involved, within the timeout. Local misuse is a UsageError, raised before anything is sent.

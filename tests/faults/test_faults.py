@@ -1,4 +1,5 @@
-"""Faults in real jobs (DESIGN.md section 6, layer 4): mismatched calls, a rank that dies,
+"""Faults in real jobs (the fourth layer of tests, after schedules, the transports'
+conformance kit and real processes): mismatched calls, a rank that dies,
 a rank that never calls, errors in async work, and tear-down after all of them. Every rank
 involved must raise a CollectiveError subclass within a bound; nothing hangs; every process
 exits cleanly with no thread left running.

@@ -14,7 +14,7 @@ BLOCKED_INPUT = {"reduce_scatter", "scatter", "all_to_all"}  # input holds p blo
 
 
 def counts_for(p: int) -> list[int]:
-    """The awkward counts of DESIGN.md section 6: 0, 1, p-1, p+1 and a large-ish one."""
+    """The awkward counts every schedule is tested with: 0, 1, p-1, p+1 and a large-ish one."""
     return sorted({0, 1, max(p - 1, 0), p + 1, 1000 + p})
 
 

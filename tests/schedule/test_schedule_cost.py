@@ -1,5 +1,5 @@
-"""The alpha-beta-gamma model: schedule costs against the closed forms of DESIGN.md
-section 4, the selector's choices, and the large-world fast paths."""
+"""The alpha-beta-gamma model: schedule costs against the closed forms (docs/cost_model.md,
+cost.formula), the selector's choices, and the large-world fast paths."""
 
 from __future__ import annotations
 

@@ -175,7 +175,7 @@ def shared_buffers() -> None:
         dist.all_reduce(fresh)
         ok.append(np.array_equal(fresh, want(n, i, np.float32)))
     maps = (
-        len(dist.group.WORLD.runner(ArenaRunner).group.peer_maps)
+        len(dist.group.WORLD.runner(ArenaRunner).local_group.peer_maps)
         if dist.group.WORLD.runner(ArenaRunner) is not None
         else 0
     )

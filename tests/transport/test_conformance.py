@@ -1,5 +1,6 @@
-"""The conformance kit every transport must pass (DESIGN.md section 6, layer 2), run here on
-TCP: ranks are threads of this process, each with its own transport, over real sockets."""
+"""The conformance kit every transport must pass (ordering per peer and tag, zero-byte and
+large messages, peer death, use after close), run here on TCP: ranks are threads of this
+process, each with its own transport, over real sockets."""
 
 from __future__ import annotations
 

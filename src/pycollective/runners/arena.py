@@ -438,7 +438,7 @@ class ArenaRunner(BaseRunner):
 
     def __init__(self, members: Members, group: LocalGroup) -> None:
         self.members = members
-        self.group = group
+        self.local_group = group  # the members on this host and their arena
 
     @classmethod
     def set_up(cls, members: Members, need: Need) -> ArenaRunner | None:
@@ -464,11 +464,11 @@ class ArenaRunner(BaseRunner):
         return ALGORITHM if spec.collective in COLLECTIVES else None
 
     def note(self, call: Call) -> None:
-        self.group.announce(call.header)
+        self.local_group.announce(call.header)
 
     def run(self, call: Call) -> None:
         spec = call.spec
-        self.group.run(
+        self.local_group.run(
             spec.collective,
             call.arrays,
             spec.dtype,

@@ -364,7 +364,7 @@ class HierarchicalRunner(BaseRunner):
             members.me,
             members.group_id,
             members.transport,
-            arena.group if isinstance(arena, _shm.ArenaRunner) else None,
+            arena.local_group if isinstance(arena, _shm.ArenaRunner) else None,
             ALGO_CODE[SETUP_ALGORITHM],
             ALGO_CODE[_shm.SETUP_ALGORITHM],
             time.monotonic() + members.timeout,

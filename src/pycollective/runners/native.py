@@ -64,8 +64,8 @@ class NativeArenaRunner(BaseRunner):
     def __init__(self, members: Members, python: ArenaRunner) -> None:
         self.members = members
         self.python = python
-        self.group: LocalGroup = python.group  # what the hierarchy and tests read
-        arena = self.group.arena
+        self.local_group: LocalGroup = python.local_group  # what the hierarchy and tests read
+        arena = self.local_group.arena
         assert arena is not None  # noqa: S101 - set_up checks
         self.native = _shm_native.NativeArena(arena, _coll.SMALL_BYTES, _coll.CHUNK_BYTES)
 
@@ -74,7 +74,7 @@ class NativeArenaRunner(BaseRunner):
         if members.size == 1 or not _shm_native.enabled(_wire.KIND_CODE):
             return None
         python = need(ArenaRunner)
-        if not isinstance(python, ArenaRunner) or python.group.arena is None:
+        if not isinstance(python, ArenaRunner) or python.local_group.arena is None:
             return None
         return cls(members, python)
 
@@ -92,7 +92,7 @@ class NativeArenaRunner(BaseRunner):
         return _Prepared(spec.collective)
 
     def note(self, call: Call) -> None:
-        self.group.announce(call.header)
+        self.local_group.announce(call.header)
 
     def run(self, call: Call) -> None:
         prep: _Prepared = call.plan
@@ -184,7 +184,7 @@ class NativeArenaRunner(BaseRunner):
             self._finish(c, rc, out, call)
 
     def _finish(self, c: Any, rc: int, out: np.ndarray | None, call: Call) -> None:
-        group, header = self.group, call.header
+        group, header = self.local_group, call.header
         poll = group._poller(header, call.deadline, call.label)
         while rc:
             if rc == _shm_native.PENDING:

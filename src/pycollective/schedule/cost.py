@@ -313,7 +313,7 @@ def select(
 
 
 def formula(collective: str, algorithm: str, size: int, nbytes: float, params: CostParams) -> float:
-    """Closed-form cost (DESIGN.md section 4) for all_reduce by ring, recursive_doubling,
+    """Closed-form cost (docs/cost_model.md) for all_reduce by ring, recursive_doubling,
     halving_doubling, tree or naive, with p ranks and n bytes per rank.
 
     Exact against schedule_cost when n splits evenly into the blocks. For p not a power

@@ -17,7 +17,8 @@ from .._errors import StoreError, UsageError
 
 Timeout = float | int | datetime.timedelta | None
 
-# Bounds on what a peer may make us allocate; checked before allocation (DESIGN.md section 3).
+# Bounds on what a peer may make us allocate; checked before allocation (docs/security.md,
+# "What peers send").
 MAX_KEY_BYTES = 64 * 1024
 MAX_VALUE_BYTES = 64 * 1024 * 1024
 

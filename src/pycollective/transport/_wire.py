@@ -1,4 +1,4 @@
-"""The frame header every data message carries (DESIGN.md section 3).
+"""The frame header every data message carries; its rules are transport/_calls.py's.
 
 The receiver checks it against what it expects, so two ranks that called different
 collectives (or the same one with different dtypes, counts, roots or ops) find out at the
