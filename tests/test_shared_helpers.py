@@ -75,3 +75,28 @@ def test_connect_with_retry_gives_up_at_the_deadline():
     with pytest.raises(OSError):
         _netutil.connect_with_retry("127.0.0.1", port, time.monotonic() + 0.5)
     assert time.monotonic() - t0 < 3
+
+
+def test_workers_report_through_one_helper(capsys):
+    """tests/_workerlib.py's report/attempt, as tests/_launch.py's steps_of reads them; and no
+    worker script defines its own again."""
+    import ast
+    from pathlib import Path
+
+    from tests import _launch, _workerlib
+
+    assert _workerlib.attempt("ok", lambda: None) is None
+    err = _workerlib.attempt("bad", lambda: (_ for _ in ()).throw(UsageError("no")))
+    assert isinstance(err, UsageError)
+    with pytest.raises(KeyError):  # not caught: fails the worker
+        _workerlib.attempt("other", lambda: {}["x"], catch=UsageError)
+    out = capsys.readouterr().out
+    steps = _launch.steps_of(_launch.RankResult(0, 0, out, ""))
+    assert set(steps) == {"ok", "bad"}
+    assert steps["ok"]["error"] is None and steps["ok"]["elapsed"] >= 0
+    assert steps["bad"]["error"] == "UsageError" and steps["bad"]["msg"] == "no"
+    assert "CollectiveError" in steps["bad"]["bases"] and steps["bad"]["waiting_on"] == []
+    tests = Path(__file__).resolve().parent
+    for path in set(tests.rglob("_*worker*.py")) - {tests / "_workerlib.py"}:
+        defs = {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
+        assert not defs & {"report", "attempt"}, f"{path}: use tests/_workerlib.py"

@@ -10,41 +10,23 @@ threads were still alive after it.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
 import pycollective as dist
 from pycollective import ReduceOp
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: _workerlib
+from _workerlib import attempt, report  # noqa: E402
+
 RANK = int(os.environ["RANK"])
 P = int(os.environ["WORLD_SIZE"])
-
-
-def report(**fields) -> None:
-    print("RESULT " + json.dumps(fields), flush=True)
-
-
-def attempt(step: str, fn) -> BaseException | None:
-    t0 = time.monotonic()
-    try:
-        fn()
-    except Exception as exc:  # noqa: BLE001 - reported to the test
-        report(
-            step=step,
-            error=type(exc).__name__,
-            bases=[c.__name__ for c in type(exc).__mro__],
-            msg=str(exc),
-            elapsed=time.monotonic() - t0,
-        )
-        return exc
-    report(step=step, error=None, elapsed=time.monotonic() - t0)
-    return None
 
 
 def finish() -> None:

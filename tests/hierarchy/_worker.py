@@ -8,7 +8,6 @@ Prints `RESULT {json}` lines; exits 0 only if every check passed.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -18,9 +17,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "api"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: _workerlib
 import battery  # noqa: E402  (data and numpy references shared with the API battery)
 
 import pycollective as dist  # noqa: E402
+from _workerlib import report  # noqa: E402
 from pycollective import ReduceOp  # noqa: E402
 from pycollective._dtypes import from_numpy  # noqa: E402
 from pycollective.runners import HierarchicalRunner
@@ -29,10 +30,6 @@ from pycollective.transport._base import Transport  # noqa: E402
 RANK = int(os.environ["RANK"])
 P = int(os.environ["WORLD_SIZE"])
 F32 = from_numpy(np.dtype(np.float32))
-
-
-def report(**fields) -> None:
-    print("RESULT " + json.dumps(fields), flush=True)
 
 
 class PeerBytes(Transport):

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import zlib
+from pathlib import Path
 
 import numpy as np
 
@@ -30,6 +31,9 @@ import pycollective as dist
 from pycollective import _dtypes
 from pycollective._reduce_ops import ReduceOp, check_op_dtype
 from pycollective.core import group as _group
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: _workerlib
+from _workerlib import attempt, report  # noqa: E402
 
 RANK = int(os.environ["RANK"])
 P = int(os.environ["WORLD_SIZE"])
@@ -39,29 +43,6 @@ if os.environ.get("FAST_TEST_OFF"):
     ScheduledRunner.FAST_BYTES = -1
 if os.environ.get("FAST_TEST_RECHECK"):
     _group._RECHECK_SECONDS = float(os.environ["FAST_TEST_RECHECK"])
-
-
-def report(**fields) -> None:
-    print("RESULT " + json.dumps(fields), flush=True)
-
-
-def attempt(step: str, fn) -> BaseException | None:
-    t0 = time.monotonic()
-    try:
-        fn()
-    except Exception as exc:  # noqa: BLE001 - reported to the test
-        report(
-            step=step,
-            error=type(exc).__name__,
-            msg=str(exc),
-            elapsed=time.monotonic() - t0,
-            at=time.time(),
-            peer=getattr(exc, "peer", None),
-            waiting_on=list(getattr(exc, "waiting_on", ()) or ()),
-        )
-        return exc
-    report(step=step, error=None, elapsed=time.monotonic() - t0, at=time.time())
-    return None
 
 
 def fast_counts() -> None:

@@ -8,23 +8,22 @@ _attack_worker.py state-pickle   rank 1 sends rank 0 a pickled "state" where the
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 import pycollective as dist
 from pycollective.api import objects
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: _workerlib
+from _workerlib import emit  # noqa: E402
+
 RANK = int(os.environ["RANK"])
 P = int(os.environ["WORLD_SIZE"])
-
-
-def report(**fields) -> None:
-    print(json.dumps(fields), flush=True)
 
 
 def allreduce() -> dict:
@@ -139,7 +138,7 @@ def main() -> None:
     if mode in ("allreduce", "objects"):  # elsewhere a rank failed the group on purpose
         dist.barrier()
     dist.destroy_process_group()
-    report(**out, elapsed=time.monotonic() - t0)
+    emit({**out, "elapsed": time.monotonic() - t0}, prefix="")  # a bare JSON line
 
 
 if __name__ == "__main__":

@@ -6,14 +6,16 @@ _objects_worker.py unencodable  rank 1 broadcasts an object the safe format cann
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
+from pathlib import Path
 
 import numpy as np
 
 import pycollective as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: _workerlib
+from _workerlib import attempt, report  # noqa: E402
 
 RANK = int(os.environ["RANK"])
 P = int(os.environ["WORLD_SIZE"])
@@ -21,20 +23,6 @@ P = int(os.environ["WORLD_SIZE"])
 
 def mine() -> dict:
     return {"rank": RANK, "arr": np.arange(RANK + 1, dtype=np.int32), "t": (1.5, None, b"x")}
-
-
-def report(**fields) -> None:
-    print("RESULT " + json.dumps(fields), flush=True)
-
-
-def attempt(step: str, fn) -> None:
-    t0 = time.monotonic()
-    try:
-        fn()
-    except dist.CollectiveError as exc:
-        report(step=step, error=type(exc).__name__, msg=str(exc), elapsed=time.monotonic() - t0)
-    else:
-        report(step=step, error=None, elapsed=time.monotonic() - t0)
 
 
 def roundtrip() -> None:
@@ -55,12 +43,14 @@ def roundtrip() -> None:
         ok = ok and out[0] == {"to": RANK}
         report(step="check", error=None, elapsed=0.0, ok=bool(ok))
 
-    attempt("roundtrip", run)
+    attempt("roundtrip", run, dist.CollectiveError)
 
 
 def unencodable() -> None:
     objs = [object()] if RANK == 1 else [None]
-    attempt("broadcast", lambda: dist.broadcast_object_list(objs, src=1))
+    attempt(
+        "broadcast", lambda: dist.broadcast_object_list(objs, src=1), dist.CollectiveError
+    )
 
 
 def main() -> None:

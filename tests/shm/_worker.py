@@ -7,42 +7,23 @@ Reports each step as a line `RESULT {json}` (error class, message, seconds taken
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
 import pycollective as dist
 from pycollective.runners import ArenaRunner
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: _workerlib
+from _workerlib import attempt, report  # noqa: E402
+
 RANK = int(os.environ["RANK"])
 P = int(os.environ["WORLD_SIZE"])
-
-
-def report(**fields) -> None:
-    print("RESULT " + json.dumps(fields), flush=True)
-
-
-def attempt(step: str, fn) -> BaseException | None:
-    t0 = time.monotonic()
-    try:
-        fn()
-    except Exception as exc:  # noqa: BLE001 - reported to the test
-        report(
-            step=step,
-            error=type(exc).__name__,
-            msg=str(exc),
-            elapsed=time.monotonic() - t0,
-            peer=getattr(exc, "peer", None),
-            waiting_on=list(getattr(exc, "waiting_on", ()) or ()),
-        )
-        return exc
-    report(step=step, error=None, elapsed=time.monotonic() - t0)
-    return None
 
 
 def info() -> None:
