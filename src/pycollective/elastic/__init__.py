@@ -19,7 +19,8 @@ torch, so this package does not import it).
 
 from __future__ import annotations
 
-from ._manager import ElasticError, Event, JobFinished, Manager
+from ._errors import ElasticError, JobFinished
+from ._manager import Event, Manager
 from ._quorum import Decision, Registration, decide
 from ._sampler import ElasticSampler
 

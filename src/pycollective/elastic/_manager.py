@@ -21,8 +21,6 @@ import json
 import logging
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -34,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _auth, _config, _launch_env, _netutil
+from .. import _config, _launch_env, _netutil
 from .._errors import CollectiveError, StoreError, UsageError
 from .._reduce_ops import ReduceOp
 from ..api import collectives as _coll
@@ -43,24 +41,16 @@ from ..core import rendezvous
 from ..core.group import ProcessGroup
 from ..core.world import World
 from ..store import EtcdStore, TCPStore
-from ..store._etcd_client import parse_endpoints
+from ._errors import ElasticError, JobFinished
+from ._flat import flat_plan
 from ._quorum import Decision, Registration, decide
+from ._store import WatchedStore, connect_store, etcd_hosts, wait_for_change
 
 log = logging.getLogger("pycollective.elastic")
 
 _POLL = 0.01  # seconds between looks at a round's registrations
-_SLICE = 0.05  # a watched store wait checks the members' leases this often
 _JOIN_POLL = 0.05  # the leader's watcher looks for newcomers in the store this often
 _WATCH_PIECE = 5.0  # etcd: a round's watch is one request this long (then made again)
-
-
-class ElasticError(CollectiveError):
-    """The elastic job cannot go on: no majority, too few members, the store is gone, or
-    the membership did not settle within its bound. Raised on every member alike."""
-
-
-class JobFinished(ElasticError):
-    """A newcomer arrived after the job finished: there is nothing left to join."""
 
 
 @dataclass
@@ -77,67 +67,6 @@ class Event:
     started: float  # time.time() when this member began the round
     seconds: float  # until the new group was ready here
     reason: str = ""
-
-
-class _WatchedStore:
-    """The store, for setting up one round's group: a wait for a key is cut into short
-    slices, and between them the round's members' leases are checked, so a member that
-    dies while the others wait for its address ends the wait at once, not at a timeout."""
-
-    def __init__(
-        self, store: TCPStore | EtcdStore, leases: dict[str, str], deadline: float, prefix: str
-    ) -> None:
-        self._store = store
-        self._leases = leases  # uid -> lease key
-        self._deadline = deadline
-        self._prefix = prefix  # the job's keys: on etcd, any change there ends a pause
-
-    def set(self, key: str, value: bytes) -> None:
-        self._store.set(key, value)
-
-    def get(self, key: str, timeout: float | None = None) -> bytes:
-        end = self._deadline if timeout is None else min(self._deadline, time.monotonic() + timeout)
-        while True:
-            since = self._store.revision if isinstance(self._store, EtcdStore) else 0
-            if self._store.check([key]):
-                return self._store.get(key)
-            gone = []
-            if self._leases and not self._store.check(list(self._leases.values())):
-                gone = [u for u, k in self._leases.items() if not self._store.check([k])]
-            if gone:
-                raise ElasticError(f"member(s) {', '.join(gone)} left while the group formed")
-            left = end - time.monotonic()
-            if left <= 0:
-                raise StoreError(f"timed out waiting for {key!r} while the group formed")
-            if isinstance(self._store, EtcdStore):
-                # a watch ends the pause at the key's put or a lease's end: no slices
-                wait_for_change(self._store, self._prefix, since, left)
-                continue
-            try:
-                return self._store.get(key, min(_SLICE, left))
-            except StoreError:
-                if self._store.check([key]):
-                    return self._store.get(key)
-                if time.monotonic() >= end:
-                    raise
-
-    def close(self) -> None:
-        pass
-
-    def gone(self) -> str | None:
-        """Which members left, for connect_mesh's abort check (None: all there)."""
-        if not self._leases or self._store.check(list(self._leases.values())):
-            return None
-        lost = [u for u, k in self._leases.items() if not self._store.check([k])]
-        return f"member(s) {', '.join(lost)} left while the group formed" if lost else None
-
-
-def wait_for_change(store: EtcdStore, prefix: str, since: int, timeout: float) -> None:
-    """Until a key under `prefix` changes after revision `since`, or `timeout`. `since` is
-    the revision before the caller's first read of what it waits on: a change between two
-    of its reads (after the one that looked, before the last) then still wakes it."""
-    for _ in store.watch_prefix(prefix, since, time.monotonic() + timeout):
-        return
 
 
 class Manager:
@@ -201,7 +130,7 @@ class Manager:
             # etcd names the job itself (the URL's path): every launcher, on every host,
             # must find the same keys, whatever its own PYCOLLECTIVE_JOB_ID
             job = job or "job"
-            hosts = _etcd_hosts(store, self._etcd_url)
+            hosts = etcd_hosts(store, self._etcd_url)
             self._master_addr = env.master_addr or hosts[0]
             self._multi_node = env.multi_node or not all(map(_netutil.is_loopback, hosts))
         job = job or _config.get("PYCOLLECTIVE_JOB_ID") or "job"
@@ -234,7 +163,18 @@ class Manager:
         self._owns_store = store is None
         self._store_idle = store_idle
         self._lease_store: TCPStore | None = None
-        self._store = store if store is not None else self._connect_store(env)
+        self._store = (
+            store
+            if store is not None
+            else connect_store(
+                env,
+                self._etcd_url,
+                self.timeout,
+                self.setup_timeout,
+                self._store_idle,
+                self._key("store-started-by"),
+            )
+        )
         try:
             if isinstance(self._store, EtcdStore):
                 # etcd: a lease with a TTL, renewed by the store's own thread; it ends when
@@ -354,7 +294,10 @@ class Manager:
             return False
         weight = self._sampler.share() if self._sampler is not None else 1.0 / self.size
         views = [b if isinstance(b, np.ndarray) else np.asarray(b) for b in buffers]
-        plan = self._plan([(v.dtype, v.size, v.flags.c_contiguous) for v in views])
+        layout = tuple((v.dtype, v.size, v.flags.c_contiguous) for v in views)
+        plan = self._flat.get(layout)
+        if plan is None:  # made once per layout: the same gradients every step cost nothing
+            plan = self._flat[layout] = flat_plan(layout)
         flag = 1.0 if self.is_leader() and self._leader_sees_joiner() else 0.0
         for n, (flat, total, parts) in enumerate(plan):
             for i, at, size in parts:
@@ -370,30 +313,6 @@ class Manager:
             for i, at, size in parts:
                 views[i].reshape(-1)[:] = flat[at : at + size]  # contiguous: a view
         return True
-
-    def _plan(self, layout: list[tuple[Any, int, bool]]) -> list[tuple[np.ndarray, int, list]]:
-        """Where each buffer goes in the flat buffer of its dtype (made once per layout:
-        the same gradients every step cost no sorting or allocation)."""
-        key = tuple(layout)
-        plan = self._flat.get(key)
-        if plan is not None:
-            return plan
-        if not all(contiguous for _, _, contiguous in layout):
-            raise UsageError(
-                "average() needs C-contiguous buffers (it writes the mean back in place)"
-            )
-        groups: dict[Any, list[int]] = {}
-        for i, (dtype, _, _) in enumerate(layout):
-            groups.setdefault(dtype, []).append(i)
-        plan = []
-        for dtype in sorted(groups, key=str):  # the same order on every member
-            parts, at = [], 0
-            for i in groups[dtype]:
-                parts.append((i, at, layout[i][1]))
-                at += layout[i][1]
-            plan.append((np.empty(at + 1, dtype), at, parts))
-        self._flat[key] = plan
-        return plan
 
     # ------------------------------------------------------------------ leaving
 
@@ -451,45 +370,6 @@ class Manager:
 
     def _key(self, *parts: object) -> str:
         return "/".join([self._prefix, *map(str, parts)])
-
-    def _connect_store(self, env: _launch_env.LaunchEnv) -> TCPStore | EtcdStore:
-        if self._etcd_url is not None:
-            hosts, job = rendezvous.parse_etcd_url(self._etcd_url)
-            return EtcdStore(hosts, job, None, timeout=self.timeout,
-                             connect_timeout=self.setup_timeout)  # fmt: skip
-        host, port = env.master_addr, env.master_port
-        if host is None or port is None:
-            raise UsageError(
-                "an elastic job needs its store: start it with `pycollective run --elastic "
-                "MIN:MAX`, or set MASTER_ADDR and MASTER_PORT on every member"
-            )
-        secret = _auth.credentials()  # the job's key (and TLS) for every connection
-        if env.store_host == "launcher" or not _is_local(host):
-            return TCPStore(host, port, secret, timeout=self.timeout,
-                            connect_timeout=self.setup_timeout)  # fmt: skip
-        # RANK 0 starts the store host at once; the others give it a moment first, so
-        # that usually one process is started (if several race, one binds, the rest exit).
-        first_look = 0.3 if env.rank in (0, None) else 5.0
-        try:
-            return TCPStore(host, port, secret, timeout=self.timeout, connect_timeout=first_look)
-        except StoreError:
-            pass
-        # Nobody serves it yet: start a store host of our own, in a session of its own
-        # so that it outlives this member (several members may race; one binds).
-        bind = host if _netutil.is_loopback(host) else ""
-        subprocess.Popen(
-            [sys.executable, "-m", "pycollective.elastic._storehost", bind, str(port),
-             str(self._store_idle)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True,
-        )  # fmt: skip
-        store = TCPStore(host, port, secret, timeout=self.timeout,
-                         connect_timeout=self.setup_timeout)  # fmt: skip
-        try:
-            store.compare_set(self._key("store-started-by"), "", str(os.getpid()))
-        except StoreError:
-            pass
-        return store
 
     def _alive(self, uid: str) -> bool:
         return self._store.check([self._lease_key(uid)])
@@ -856,7 +736,7 @@ class Manager:
         # the round's watch (etcd) starts here: a lease that ends while the group forms
         # is seen by it too, whatever the set-up read after
         self._formed_at = self._store.revision if isinstance(self._store, EtcdStore) else 0
-        store = _WatchedStore(self._store, leases, time.monotonic() + self.setup_timeout,
+        store = WatchedStore(self._store, leases, time.monotonic() + self.setup_timeout,
                               self._prefix + "/")  # fmt: skip
         world = rendezvous.connect_world(
             rank, size, store, self.setup_timeout, self._key("round", t, "mesh"),
@@ -906,22 +786,4 @@ class Manager:
         self.samples = int(state["samples"])
 
 
-def _etcd_hosts(store: EtcdStore | None, url: str | None) -> list[str]:
-    """The etcd endpoints' hosts: members listen on the interface towards the first."""
-    if store is not None:
-        return [e.host for e in store.endpoints]
-    assert url is not None
-    hosts, _ = rendezvous.parse_etcd_url(url)
-    return [e.host for e in parse_endpoints(hosts)]
-
-
-def _is_local(host: str) -> bool:
-    if _netutil.is_loopback(host):
-        return True
-    try:
-        return host in {socket.gethostname(), _netutil.address_towards(host)}
-    except OSError:
-        return False
-
-
-__all__ = ["ElasticError", "Event", "JobFinished", "Manager"]
+__all__ = ["Event", "Manager"]
