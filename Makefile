@@ -174,7 +174,7 @@ sanitize: setup
 	@$(MAKE) --no-print-directory system-deps APT_SMALL="$(APT_SMALL) $(APT_SANITIZE)"
 	$(PY) tools/sanitize/run.py $(SANITIZE_ARGS)
 
-lint: setup lint-c
+lint: setup lint-c typecheck
 	$(VENV)/bin/ruff check .
 
 # The compiled core built with -Werror (setup.py's -Wall -Wextra -Wconversion) by gcc and
@@ -193,6 +193,12 @@ lint-c: setup
 			cat $$tmp/log; rm -rf $$tmp; echo "lint-c: $$cc -Werror failed"; exit 1; fi; \
 	done
 
+# mypy over src/ (pyproject.toml's [tool.mypy]: strict on the leaves, schedule/, transport/
+# but tcp/, and api/; every other module at mypy's defaults).
+.PHONY: typecheck
+typecheck: setup
+	$(VENV)/bin/mypy
+
 clean:
-	rm -rf $(VENV) $(RAY_VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(RAY_VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache .mypy_cache
 	rm -f src/pycollective/_native.*.so

@@ -188,7 +188,7 @@ def _channel(sock: socket.socket) -> bytes:
     return b""
 
 
-def _wrap(sock: socket.socket, creds: Credentials, server: bool, deadline: float):
+def _wrap(sock: socket.socket, creds: Credentials, server: bool, deadline: float) -> ssl.SSLSocket:
     assert creds.tls is not None  # noqa: S101 - only called with TLS on
     ctx = _tls.context(creds.tls, creds.key, server)
     sock.settimeout(max(0.01, deadline - time.monotonic()))

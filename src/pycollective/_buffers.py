@@ -22,7 +22,7 @@ class Buffer(NamedTuple):
     source: Any  # what the caller passed, for results handed back (futures)
 
     @property
-    def count(self) -> int:
+    def count(self) -> int:  # type: ignore[override]  # shadows tuple.count, which nothing calls
         return int(self.array.size)
 
     @property

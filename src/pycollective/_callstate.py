@@ -83,9 +83,9 @@ _Engine: Any = _native.EngineState if _COMPILED else EngineState
 
 def group_state() -> GroupState:
     """A new group's state: C-owned when the extension is built."""
-    return _Group()  # type: ignore[no-any-return]
+    return _Group()
 
 
 def engine_state(lock: Any, queue: deque, deferred: list) -> EngineState:
     """A new engine's state over its lock, job queue and deferred list."""
-    return _Engine(lock, queue, deferred)  # type: ignore[no-any-return]
+    return _Engine(lock, queue, deferred)

@@ -210,9 +210,10 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchEnv:
         world = _int(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS") or 1
         nnodes = _int(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES") or 1
         spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""
-        local_world = _tasks_on_node(spec, _int(env, "SLURM_NODEID") or 0) if spec else None
-        if local_world is None:
-            local_world = world if nnodes <= 1 else max(1, world // nnodes)
+        on_node = _tasks_on_node(spec, _int(env, "SLURM_NODEID") or 0) if spec else None
+        if on_node is None:
+            on_node = world if nnodes <= 1 else max(1, world // nnodes)
+        local_world = on_node
         if master_addr is None and nnodes > 1:
             nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
             master_addr = _first_slurm_host(nodelist) if nodelist else None

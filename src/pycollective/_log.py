@@ -34,7 +34,7 @@ LEVELS = {"OFF": None, "INFO": logging.INFO, "DETAIL": logging.DEBUG}
 FORMAT = "pycollective %(levelname)s pid %(process)d %(name)s: %(message)s"
 
 
-class _DebugHandler(logging.StreamHandler):
+class _DebugHandler(logging.StreamHandler):  # type: ignore[type-arg]  # generic in the stubs only
     """The handler PYCOLLECTIVE_DEBUG installs (told apart from the user's own)."""
 
 
@@ -64,7 +64,8 @@ def configure(env: Mapping[str, str] | None = None) -> None:
 
 
 def note_call(
-    seen: set, group: str, rank: int, size: int, collective: str, asked: str | None,
+    seen: set[tuple[object, ...]], group: str, rank: int, size: int, collective: str,
+    asked: str | None,
     algorithm: str, label: str, nbytes: int,
 ) -> None:  # fmt: skip
     """At DEBUG (PYCOLLECTIVE_DEBUG=DETAIL): the algorithm each distinct call runs (once

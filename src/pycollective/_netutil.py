@@ -49,7 +49,8 @@ def address_towards(host: str) -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
             s.connect((socket.gethostbyname(host), 9))
-            return s.getsockname()[0]
+            address: str = s.getsockname()[0]
+            return address
         except OSError as exc:
             raise UsageError(f"cannot find a route to MASTER_ADDR={host!r}: {exc}") from None
 

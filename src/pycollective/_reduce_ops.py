@@ -95,11 +95,13 @@ def _f32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
     rounded = (u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))) >> 16
     nan = np.isnan(values)
     rounded[nan] = (u[nan] >> 16) | np.uint32(0x40)
-    return rounded.astype(np.uint16)
+    out: np.ndarray = rounded.astype(np.uint16)
+    return out
 
 
 def kernel(op: ReduceOp, dtype: DType) -> Kernel:
     """An in-place kernel: kernel(dst, src) sets dst = op(dst, src) elementwise."""
+    ufunc: np.ufunc
     if dtype.kind == "b":
         ufunc = _BOOL_UFUNC[op]
     else:
@@ -162,7 +164,7 @@ def fused_reduce(
         wide = _widen(dtype, srcs[0])
         if wide is not None:
             for s in srcs[1:]:
-                ufunc(wide, _widen(dtype, s), out=wide)
+                ufunc(wide, _widen(dtype, s), out=wide)  # type: ignore[arg-type]  # same dtype: widened too
             if dtype is BFLOAT16:
                 result = _f32_to_bf16_bits(wide).view(dtype.numpy)
             else:

@@ -99,7 +99,8 @@ def _dtype_name(dt: np.dtype) -> str:
         raise UsageError(
             f"the pickle-free object serializer carries numpy arrays of plain dtypes only, not {dt}"
         )
-    return dt.str
+    name: str = dt.str
+    return name
 
 
 def _encode(obj: Any, out: bytearray, depth: int) -> None:
@@ -125,7 +126,8 @@ def _encode(obj: Any, out: bytearray, depth: int) -> None:
     elif t is bytes or t is bytearray:
         out += (b"b" if t is bytes else b"B") + _U32.pack(len(obj)) + obj
     elif t in (list, tuple, set, frozenset):
-        tag = {list: b"l", tuple: b"t", set: b"S", frozenset: b"z"}[t]
+        tags: dict[type, bytes] = {list: b"l", tuple: b"t", set: b"S", frozenset: b"z"}
+        tag = tags[t]
         out += tag + _U32.pack(len(obj))
         for item in obj:
             _encode(item, out, depth + 1)
@@ -211,7 +213,8 @@ class _Reader:
         return chunk
 
     def u32(self) -> int:
-        return _U32.unpack(self.take(4))[0]
+        n: int = _U32.unpack(self.take(4))[0]
+        return n
 
     def count(self, min_item_bytes: int = 1) -> int:
         """A count of items, each at least `min_item_bytes` long: bounded by what is left."""

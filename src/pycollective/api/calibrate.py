@@ -4,6 +4,7 @@ tuning/calibrate.py's and the command that starts ranks to do it is cli/calibrat
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import warnings
@@ -65,8 +66,8 @@ def _samples(
     counts = [p] + ([16384 * p, 262144] if oversubscribed else [])
     for count in counts:
         buf = np.zeros(count, np.float32)  # zeros: repeated sums stay finite
-        fns = {
-            a: (lambda a=a, buf=buf: dist.all_reduce(buf, group=group, algorithm=a)) for a in algos
+        fns: dict[str, Callable[[], object]] = {
+            a: functools.partial(dist.all_reduce, buf, group=group, algorithm=a) for a in algos
         }
         add("all_reduce", count, _timed(dist, group, root, fns, 30, budget / len(counts)))
     if not oversubscribed:
@@ -74,7 +75,9 @@ def _samples(
         for count in (262144, 2097152):
             buf = np.zeros(count, np.float32)
             fns = {
-                "tree": lambda buf=buf: dist.broadcast(buf, src=root, group=group, algorithm="tree")
+                "tree": functools.partial(
+                    dist.broadcast, buf, src=root, group=group, algorithm="tree"
+                )
             }
             add("broadcast", count, _timed(dist, group, root, fns, 7, budget / 4), segment)
     return out

@@ -8,7 +8,7 @@ schedules work on flat buffers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -101,24 +101,12 @@ def _list_of(
     return bufs
 
 
-def _copy_out(flat: np.ndarray, outs: Sequence[Buffer]):
+def _copy_out(flat: np.ndarray, outs: Sequence[Buffer]) -> Callable[[], None]:
     def run() -> None:
         offset = 0
         for b in outs:
             b.array[...] = flat[offset : offset + b.count]
             offset += b.count
-
-    return run
-
-
-def _chain(*fns):
-    fns = [f for f in fns if f is not None]
-    if not fns:
-        return None
-
-    def run() -> None:
-        for f in fns:
-            f()
 
     return run
 
@@ -425,7 +413,7 @@ def _all_to_all(
     dtype: DType,
     send_counts: list[int],
     recv_counts: list[int],
-    after,
+    after: Callable[[], None] | None,
     async_op: bool,
     result: Any,
     algorithm: str | None,

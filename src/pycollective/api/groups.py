@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import _auth, _config, _launch_env, _log, _netutil, schedule
@@ -22,10 +22,10 @@ log = logging.getLogger("pycollective")
 
 
 class _ClassProperty:
-    def __init__(self, fn) -> None:
+    def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn = fn
 
-    def __get__(self, obj, owner):
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
         return self.fn()
 
 

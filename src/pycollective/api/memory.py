@@ -29,7 +29,7 @@ def empty(shape: Any, dtype: Any = np.float32, group: object = None) -> np.ndarr
     except TypeError as exc:
         raise UsageError(f"empty: {dtype!r} is not a numpy dtype ({exc})") from None
     try:
-        shape_t = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
+        shape_t = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)  # type: ignore[arg-type]  # a scalar: int() says if not a number
     except (TypeError, ValueError):
         raise UsageError(
             f"empty: shape must be an int or a sequence of ints, got {shape!r}"
@@ -38,7 +38,8 @@ def empty(shape: Any, dtype: Any = np.float32, group: object = None) -> np.ndarr
         raise UsageError(f"empty: negative dimensions are not allowed: {shape_t}")
     count = int(np.prod(shape_t, dtype=np.int64))
     raw = shared.allocate(count * dt.itemsize)
-    return raw.view(dt).reshape(shape_t)
+    out: np.ndarray = raw.view(dt).reshape(shape_t)
+    return out
 
 
 def empty_like(a: Any, group: object = None) -> np.ndarray:

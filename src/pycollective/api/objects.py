@@ -89,7 +89,7 @@ class _Seal:
             )
         return _serialize.loads(bytes(payload), sender, self._pickling())
 
-    def check_size(self, n: int, sender: int | str) -> int:
+    def check_size(self, n: int | np.integer[Any], sender: int | str) -> int:
         n = int(n)
         if not 0 <= n <= self.limit:
             self.refuse(
@@ -176,7 +176,7 @@ def _broadcast(
         for lo, hi in _pieces(data.size):
             _api.broadcast(data[lo:hi], group=g, group_src=root)
         return
-    total = seal.check_size(sum(seal.check_size(n, sender) for n in sizes), sender)
+    total = seal.check_size(sum([seal.check_size(n, sender) for n in sizes]), sender)
     received = bytearray()
     for lo, hi in _pieces(total):
         piece = np.empty(hi - lo, np.uint8)

@@ -14,7 +14,7 @@ from ..store import HashStore, PrefixStore, Store
 def _seconds(timeout: Any) -> float | None:
     if isinstance(timeout, datetime.timedelta):
         return timeout.total_seconds()
-    return timeout
+    return None if timeout is None else float(timeout)
 
 
 class TCPStore(_store.TCPStore):

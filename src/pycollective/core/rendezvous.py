@@ -83,7 +83,7 @@ def make_store(
     env: _launch_env.LaunchEnv,
     rank: int,
     world_size: int,
-    creds: _auth.Credentials,
+    creds: _auth.Credentials | None,
     timeout: float,
     multi_node: bool,
 ):
@@ -97,7 +97,8 @@ def make_store(
     etcd_url = etcd_url_of(init_method)
     if etcd_url is not None:
         hosts, job = parse_etcd_url(etcd_url)
-        store = store_mod.EtcdStore(hosts, job, creds.key, timeout=timeout)
+        key = creds.key if creds is not None else None  # a world of one: nothing to sign
+        store = store_mod.EtcdStore(hosts, job, key, timeout=timeout)
         attempt = _config.get("PYCOLLECTIVE_RESTART_COUNT")
         # a restarted attempt (pycollective run --max-restarts) meets under keys of its own
         return JobStore(f"attempt{attempt}", store) if attempt else store
@@ -272,7 +273,8 @@ def connect_world(
         try:
             job = _tuning.agree(rank, size, store, f"{prefix}/cost", timeout)
         except BaseException:
-            transport.close()
+            if transport is not None:
+                transport.close()
             raise
     world = World(rank, size, transport, store, timeout, tuning=_tuning.Tuning(job), key=creds.key)
     world.engine.set_p2p_runner(lambda batch: run_batch(world, batch))

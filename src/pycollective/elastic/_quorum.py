@@ -116,7 +116,11 @@ def decide(
     """
     alive = [r for r in registered if r.uid not in dead]
     seen: set[str] = set()
-    regs = [r for r in alive if not (r.uid in seen or seen.add(r.uid))]  # first one counts
+    regs = []
+    for r in alive:  # a member's first registration counts
+        if r.uid not in seen:
+            seen.add(r.uid)
+            regs.append(r)
     if previous is None:
         if len(regs) >= initial or (timed_out and len(regs) >= min_size):
             first = sorted(regs[:max_size], key=lambda r: r.order)  # stable: then arrival

@@ -41,7 +41,7 @@ def set_up(members: Members) -> list[Runner]:
     # A runner may stand in for another it builds on (`replaces`: the compiled arena for
     # the Python one): the group then holds only the stand-in.
     replaced = {getattr(r, "replaces", None) for r in made.values() if r is not None}
-    return [made[k] for k in REGISTRY if made[k] is not None and k not in replaced]
+    return [r for k in REGISTRY if (r := made[k]) is not None and k not in replaced]
 
 
 def known(collective: str) -> list[str]:

@@ -15,6 +15,7 @@ depend on the dtype.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 
@@ -69,7 +70,7 @@ class Schedule:
     buffers: dict[str, int] = field(default_factory=dict)
     scratch: dict[str, int] = field(default_factory=dict)
 
-    def steps(self):
+    def steps(self) -> Iterator[Step]:
         for rnd in self.rounds:
             yield from rnd
 

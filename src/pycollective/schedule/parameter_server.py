@@ -25,7 +25,7 @@ The optimizer's update on the servers is not part of the schedule.
 
 from __future__ import annotations
 
-from ._steps import Chunk, Recv, Schedule, Send
+from ._steps import Chunk, Recv, Round, Schedule, Send
 
 ALGORITHM = "parameter_server"
 
@@ -54,6 +54,8 @@ def build(rank: int, workers: int, servers: int, count: int) -> Schedule:
     if not 0 <= rank < size:
         raise ValueError(f"rank {rank} out of range for {workers} workers + {servers} servers")
     parts = slices(count, servers)
+    push: Round
+    pull: Round
     if rank < workers:
         push = tuple(
             Send(workers + s, Chunk("data", off, n)) for s, (off, n) in enumerate(parts) if n

@@ -139,7 +139,8 @@ def _junk(count: int, dtype: np.dtype, seed: int) -> np.ndarray:
     raw = rng.integers(0, 256, size=count * dtype.itemsize, dtype=np.uint8)
     if dtype == np.bool_:
         return (raw & 1).astype(np.bool_)
-    return raw.view(dtype).copy()
+    out: np.ndarray = raw.view(dtype).copy()
+    return out
 
 
 def execute(

@@ -33,7 +33,7 @@ from functools import lru_cache
 
 from . import cost
 from ._registry import ALGORITHMS, build
-from ._steps import Recv, Schedule, Send
+from ._steps import Recv, Schedule, Send, Step
 
 HIERARCHICAL = "hierarchical"
 
@@ -105,7 +105,7 @@ def _classify(
     return rows, nic
 
 
-def _crosses(rnd: Sequence, host: int, L: int) -> bool:
+def _crosses(rnd: Sequence[Step], host: int, L: int) -> bool:
     """Zero-byte messages to another host still pay the inter alpha."""
     return any(isinstance(s, Send | Recv) and s.peer // L != host for s in rnd)
 
@@ -119,7 +119,9 @@ def _sample_hosts(H: int, L: int) -> list[int]:
 
 
 @lru_cache(maxsize=1024)
-def flat_profile(collective: str, algorithm: str, hosts: int, ranks_per_host: int, count: int):
+def flat_profile(
+    collective: str, algorithm: str, hosts: int, ranks_per_host: int, count: int
+) -> TopoProfile:
     """The two-level profile of a flat algorithm on hosts x ranks_per_host (root 0)."""
     H, L = hosts, ranks_per_host
     p = H * L
@@ -207,7 +209,9 @@ def predict(algorithm: str, count: int, itemsize: int, topo: Topology) -> float:
     return price_flat(prof, itemsize, topo)
 
 
-def select(count: int, itemsize: int, topo: Topology, candidates: Sequence[str] | None = None):
+def select(
+    count: int, itemsize: int, topo: Topology, candidates: Sequence[str] | None = None
+) -> str:
     """The cheapest all_reduce algorithm on `topo` (ties: flat ones first, in order)."""
     names = (
         list(candidates) if candidates is not None else [*ALGORITHMS["all_reduce"], HIERARCHICAL]

@@ -139,7 +139,7 @@ def sweep_stale() -> list[str]:
     """Unlink segments left by creators of this user and pid namespace that are dead (they
     died between creating and unlinking). Returns the names removed."""
     prefix = _name_prefix()
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(SHM_DIR)
     except OSError:

@@ -83,7 +83,7 @@ def contract_differences(ext: Any, kind_code: Mapping[str, int] | None = None) -
         "CHECK": CHECK,
         "VIEWS": VIEWS,
     }
-    tables = [
+    tables: list[tuple[str, dict[Any, Any], dict[Any, Any]]] = [
         ("", want, ext.CONSTANTS),
         ("op ", {op.name: int(op) for op in ReduceOp}, ext.OP_CODE),
         ("itemsize of dtype code ", {d.code: d.itemsize for d in _dtypes.BY_CODE.values()},

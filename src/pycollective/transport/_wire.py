@@ -78,7 +78,7 @@ class Header(NamedTuple):
     seq: int
     tag: int
     root: int
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count, which nothing calls
     nbytes: int
 
     def pack(self) -> bytes:

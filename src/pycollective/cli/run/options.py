@@ -4,6 +4,7 @@ resolved to `launch`'s keywords; what each rank executes and its extra environme
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -30,6 +31,10 @@ _OMP_NOTE = (
     "pycollective run: setting OMP_NUM_THREADS=1 for each rank (as torchrun does) so that "
     "{n} ranks do not overload the cores; export OMP_NUM_THREADS to choose another value"
 )
+
+
+def _named(name: str, value: str) -> tuple[str, str]:
+    return name, value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -126,8 +131,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # argparse's "unrecognized arguments" (resolve_options).
     for names in _TORCHRUN_OTHERS:
         parser.add_argument(
-            *names, dest="torchrun_others", action="append", type=lambda v, n=names[0]: (n, v),
-            default=[], help=argparse.SUPPRESS,
+            *names, dest="torchrun_others", action="append",
+            type=functools.partial(_named, names[0]), default=[], help=argparse.SUPPRESS,
         )  # fmt: skip
     parser.add_argument(
         "command", nargs=argparse.REMAINDER,

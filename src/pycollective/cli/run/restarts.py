@@ -120,5 +120,5 @@ def run_job(
             job.say(f"restarting every rank (restart {restart} of {max_restarts})")
     finally:
         reap(started)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)  # type: ignore[arg-type]
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)  # type: ignore[arg-type]
