@@ -17,6 +17,7 @@ from .._buffers import Buffer, as_buffer
 from .._dtypes import BYTE, DType
 from .._errors import UsageError
 from .._reduce_ops import ReduceOp, check_op_dtype, to_reduce_op
+from ..core.call import CollectiveCall
 from ..core.group import ProcessGroup, average_after
 from ..core.work import Work
 from . import _default as _state
@@ -140,16 +141,18 @@ def all_reduce(
     arr, dtype, _ = as_buffer(tensor, "all_reduce tensor")
     rop = _op(op, dtype)
     return g.run_collective(
-        "all_reduce",
-        arrays={"data": arr},
-        dtype=dtype,
-        count=arr.size,
-        algorithm=algorithm,
-        op=rop,
-        after=average_after(arr, dtype, rop, g.size()) if rop is _AVG else None,
-        async_op=async_op,
-        result=[tensor] if async_op else None,
-        fast_key=None if async_op or algorithm is not None else (tensor, op),
+        CollectiveCall(
+            collective="all_reduce",
+            arrays={"data": arr},
+            dtype=dtype,
+            count=arr.size,
+            algorithm=algorithm,
+            op=rop,
+            after=average_after(arr, dtype, rop, g.size()) if rop is _AVG else None,
+            async_op=async_op,
+            result=[tensor] if async_op else None,
+            fast_key=None if async_op or algorithm is not None else (tensor, op),
+        )
     )
 
 
@@ -173,15 +176,17 @@ def broadcast(
     root = _root(g, src, group_src, "src")
     buf = as_buffer(tensor, "broadcast tensor", writable=g.rank() != root)
     return g.run_collective(
-        "broadcast",
-        arrays={"data": buf.array},
-        dtype=buf.dtype,
-        count=buf.count,
-        algorithm=algorithm,
-        root=root,
-        async_op=async_op,
-        result=[tensor],
-        fast_key=(tensor, src) if repeatable else None,
+        CollectiveCall(
+            collective="broadcast",
+            arrays={"data": buf.array},
+            dtype=buf.dtype,
+            count=buf.count,
+            algorithm=algorithm,
+            root=root,
+            async_op=async_op,
+            result=[tensor],
+            fast_key=(tensor, src) if repeatable else None,
+        )
     )
 
 
@@ -204,16 +209,18 @@ def reduce(
     rop = _op(op, buf.dtype)
     after = average_after(buf.array, buf.dtype, rop, g.size()) if is_root else None
     return g.run_collective(
-        "reduce",
-        arrays={"data": buf.array},
-        dtype=buf.dtype,
-        count=buf.count,
-        algorithm=algorithm,
-        op=rop,
-        root=root,
-        after=after,
-        async_op=async_op,
-        result=[tensor],
+        CollectiveCall(
+            collective="reduce",
+            arrays={"data": buf.array},
+            dtype=buf.dtype,
+            count=buf.count,
+            algorithm=algorithm,
+            op=rop,
+            root=root,
+            after=after,
+            async_op=async_op,
+            result=[tensor],
+        )
     )
 
 
@@ -237,13 +244,15 @@ def all_gather_into_tensor(
             f"{g.size()} x {inp.count}"
         )
     return g.run_collective(
-        "all_gather",
-        arrays={"input": inp.array, "output": out.array},
-        dtype=inp.dtype,
-        count=inp.count,
-        algorithm=algorithm,
-        async_op=async_op,
-        result=[output_tensor],
+        CollectiveCall(
+            collective="all_gather",
+            arrays={"input": inp.array, "output": out.array},
+            dtype=inp.dtype,
+            count=inp.count,
+            algorithm=algorithm,
+            async_op=async_op,
+            result=[output_tensor],
+        )
     )
 
 
@@ -262,14 +271,16 @@ def all_gather(
     outs = _list_of(tensor_list, g.size(), "all_gather tensor_list", inp.count, inp.dtype, True)
     flat = np.empty(g.size() * inp.count, dtype=inp.dtype.numpy)
     return g.run_collective(
-        "all_gather",
-        arrays={"input": inp.array, "output": flat},
-        dtype=inp.dtype,
-        count=inp.count,
-        algorithm=algorithm,
-        after=_copy_out(flat, outs),
-        async_op=async_op,
-        result=tensor_list,
+        CollectiveCall(
+            collective="all_gather",
+            arrays={"input": inp.array, "output": flat},
+            dtype=inp.dtype,
+            count=inp.count,
+            algorithm=algorithm,
+            after=_copy_out(flat, outs),
+            async_op=async_op,
+            result=tensor_list,
+        )
     )
 
 
@@ -295,15 +306,17 @@ def reduce_scatter_tensor(
         )
     rop = _op(op, out.dtype)
     return g.run_collective(
-        "reduce_scatter",
-        arrays={"input": inp.array, "output": out.array},
-        dtype=out.dtype,
-        count=out.count,
-        algorithm=algorithm,
-        op=rop,
-        after=average_after(out.array, out.dtype, rop, g.size()),
-        async_op=async_op,
-        result=[output],
+        CollectiveCall(
+            collective="reduce_scatter",
+            arrays={"input": inp.array, "output": out.array},
+            dtype=out.dtype,
+            count=out.count,
+            algorithm=algorithm,
+            op=rop,
+            after=average_after(out.array, out.dtype, rop, g.size()),
+            async_op=async_op,
+            result=[output],
+        )
     )
 
 
@@ -324,15 +337,17 @@ def reduce_scatter(
     rop = _op(op, out.dtype)
     flat = _stack(ins, out.dtype)
     return g.run_collective(
-        "reduce_scatter",
-        arrays={"input": flat, "output": out.array},
-        dtype=out.dtype,
-        count=out.count,
-        algorithm=algorithm,
-        op=rop,
-        after=average_after(out.array, out.dtype, rop, g.size()),
-        async_op=async_op,
-        result=[output],
+        CollectiveCall(
+            collective="reduce_scatter",
+            arrays={"input": flat, "output": out.array},
+            dtype=out.dtype,
+            count=out.count,
+            algorithm=algorithm,
+            op=rop,
+            after=average_after(out.array, out.dtype, rop, g.size()),
+            async_op=async_op,
+            result=[output],
+        )
     )
 
 
@@ -361,15 +376,17 @@ def gather(
     elif gather_list:
         raise UsageError("gather_list must be None or empty on ranks other than dst")
     return g.run_collective(
-        "gather",
-        arrays=arrays,
-        dtype=inp.dtype,
-        count=inp.count,
-        algorithm=algorithm,
-        root=root,
-        after=after,
-        async_op=async_op,
-        result=gather_list,
+        CollectiveCall(
+            collective="gather",
+            arrays=arrays,
+            dtype=inp.dtype,
+            count=inp.count,
+            algorithm=algorithm,
+            root=root,
+            after=after,
+            async_op=async_op,
+            result=gather_list,
+        )
     )
 
 
@@ -395,14 +412,16 @@ def scatter(
     elif scatter_list:
         raise UsageError("scatter_list must be None or empty on ranks other than src")
     return g.run_collective(
-        "scatter",
-        arrays=arrays,
-        dtype=out.dtype,
-        count=out.count,
-        algorithm=algorithm,
-        root=root,
-        async_op=async_op,
-        result=[tensor],
+        CollectiveCall(
+            collective="scatter",
+            arrays=arrays,
+            dtype=out.dtype,
+            count=out.count,
+            algorithm=algorithm,
+            root=root,
+            async_op=async_op,
+            result=[tensor],
+        )
     )
 
 
@@ -419,17 +438,19 @@ def _all_to_all(
     algorithm: str | None,
 ) -> Work | None:
     return g.run_collective(
-        "all_to_all",
-        arrays={"input": in_flat, "output": out_flat},
-        dtype=dtype,
-        count=0,
-        header_count=0,
-        send_counts=tuple(send_counts),
-        recv_counts=tuple(recv_counts),
-        algorithm=algorithm,
-        after=after,
-        async_op=async_op,
-        result=result,
+        CollectiveCall(
+            collective="all_to_all",
+            arrays={"input": in_flat, "output": out_flat},
+            dtype=dtype,
+            count=0,
+            header_count=0,
+            send_counts=tuple(send_counts),
+            recv_counts=tuple(recv_counts),
+            algorithm=algorithm,
+            after=after,
+            async_op=async_op,
+            result=result,
+        )
     )
 
 
@@ -541,12 +562,14 @@ def barrier(
     if not g.is_member:
         return None
     return g.run_collective(
-        "barrier",
-        arrays={},
-        dtype=BYTE,
-        count=0,
-        algorithm=algorithm,
-        async_op=async_op,
-        result=None,
-        fast_key=(None, None) if repeatable else None,
+        CollectiveCall(
+            collective="barrier",
+            arrays={},
+            dtype=BYTE,
+            count=0,
+            algorithm=algorithm,
+            async_op=async_op,
+            result=None,
+            fast_key=(None, None) if repeatable else None,
+        )
     )

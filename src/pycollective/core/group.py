@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,7 @@ from ..observe.timeline import WAIT as _WAIT
 from ..runners import BaseRunner, Call, Members, Runner, Spec
 from ..transport import _wire
 from ..transport._wire import ALGO_CODE, Header
+from .call import KEY, CallKey, CollectiveCall
 from .work import Work
 from .world import World
 
@@ -67,7 +68,7 @@ class ProcessGroup:
         # The runners that serve this group (runners/), set up at its first collective,
         # and what each distinct call needs, worked out at its first occurrence.
         self._runners: list[Runner] | None = None
-        self._prepared: dict[tuple, _Prepared] = {}
+        self._prepared: dict[tuple, _Prepared] = {}  # by CallKey (or its plain tuple)
         self._noted: set = set()  # the calls PYCOLLECTIVE_DEBUG=INFO has named (_log.py)
         # The compiled per-call path of repeated calls (a runner's `fast_path`, made at the
         # first call it can repeat; see _offer_fast), and the runner that made it. The API
@@ -162,11 +163,19 @@ class ProcessGroup:
             f"unknown algorithm {chosen!r} for {spec.collective}; choose one of {names}"
         )
 
-    def _prepare(
-        self, key: tuple, spec: Spec, algorithm: str | None, header_count: int | None
-    ) -> _Prepared:
-        runner, algo = self._pick(spec, _config.algorithm_choice(spec.collective, algorithm))
-        op = key[4]
+    def _prepare(self, key: CallKey) -> _Prepared:
+        """Work out, once, what every call of `key`'s kind needs."""
+        op = key.op
+        spec = Spec(
+            key.collective,
+            key.count,
+            key.dtype,
+            int(op) if op is not None else 0,
+            key.root,
+            key.send_counts,
+            key.recv_counts,
+        )
+        runner, algo = self._pick(spec, _config.algorithm_choice(spec.collective, key.algorithm))
         prepared = _Prepared(
             spec,
             runner,
@@ -181,68 +190,35 @@ class ProcessGroup:
             _wire.DATA, _wire.KIND_CODE[spec.collective], spec.dtype.code, spec.op,
             prepared.algo_code, self.group_id,
         )  # fmt: skip
-        count = spec.count if header_count is None else header_count
+        count = spec.count if key.header_count is None else key.header_count
         prepared.tail = (spec.root, count, 0)
         if len(self._prepared) >= _MAX_PREPARED:
             self._prepared.clear()  # a program of ever-new sizes: start over, stay bounded
         self._prepared[key] = prepared
         return prepared
 
-    def run_collective(
-        self,
-        collective: str,
-        *,
-        arrays: dict[str, np.ndarray],
-        dtype: DType,
-        count: int,
-        algorithm: str | None = None,
-        op: ReduceOp | None = None,
-        root: int = 0,
-        header_count: int | None = None,
-        send_counts: tuple[int, ...] | None = None,
-        recv_counts: tuple[int, ...] | None = None,
-        after: Callable[[], None] | None = None,
-        async_op: bool = False,
-        result: Any = None,
-        fast_key: tuple[Any, Any] | None = None,
-    ) -> Work | None:
-        """Run one collective on this rank: choose a runner, run it, finish (AVG, copies
-        out). `root` is a group rank. Arguments must already be validated: from here on a
-        failure is a failure of the group, reported to every peer.
-
-        `fast_key`: (the caller's buffer, the op or root object as the caller passed it),
-        from an API function whose compiled path (`fast`) can repeat this call (a
-        synchronous call with every argument checked): after it succeeds, the compiled
-        path learns its signature.
-        """
+    def run_collective(self, call: CollectiveCall) -> Work | None:
+        """Run one collective on this rank (core/call.py): choose a runner, run it, finish
+        (AVG, copies out). Arguments must already be validated: from here on a failure is
+        a failure of the group, reported to every peer. After a call with a `fast_key`
+        succeeds, the compiled path (`fast`) learns its signature."""
         st = self.state
         if st.failed is not None or self.world.closed:
             self.check_usable()
         if self._runners is None:
             self._set_up_runners()
-        key = (
-            collective,
-            algorithm,
-            count,
-            dtype,
-            op,
-            root,
-            header_count,
-            send_counts,
-            recv_counts,
-        )
-        prepared = self._prepared.get(key)
+        # The signature as a plain tuple (core/call.py): it finds what _prepare filed
+        # under the CallKey with the same fields.
+        prepared = self._prepared.get(call[KEY])
         if prepared is None:
-            spec = Spec(
-                collective,
-                count,
-                dtype,
-                int(op) if op is not None else 0,
-                root,
-                send_counts,
-                recv_counts,
-            )
-            prepared = self._prepare(key, spec, algorithm, header_count)
+            prepared = self._prepare(CallKey._make(call[KEY]))
+        arrays, after, collective, count, dtype = (
+            call.arrays,
+            call.after,
+            call.collective,
+            call.count,
+            call.dtype,
+        )
         seq = st.seq
         st.seq = seq + 1
         header = _new_header(Header, prepared.head + (seq, 0) + prepared.tail)
@@ -250,12 +226,12 @@ class ProcessGroup:
             algo = prepared.algorithm
             label = f"{collective}#{seq}({algo}, {count} x {dtype.name})"
             _log.note_call(self._noted, self.group_name, self._rank, self.size(), collective,
-                           algorithm, algo, label, count * dtype.itemsize)  # fmt: skip
+                           call.algorithm, algo, label, count * dtype.itemsize)  # fmt: skip
         world = self.world
         flight = world.flight
         entry = flight.record(  # type: ignore[union-attr]
             self.group_id, self.group_name, seq, collective, count, dtype, prepared.algorithm,
-            op, root,
+            call.op, call.root,
         )  # fmt: skip
 
         def job() -> None:
@@ -293,10 +269,11 @@ class ProcessGroup:
                 after()
             entry.end()
 
-        if async_op:
+        if call.async_op:
             label = f"{collective}#{seq}({prepared.algorithm}, {count} x {dtype.name})"
-            return world.engine.submit(job, Work(label, result))
+            return world.engine.submit(job, Work(label, call.result))
         world.engine.run(job)
+        fast_key = call.fast_key
         if fast_key is not None and prepared.fast:
             self._offer_fast(prepared, fast_key, entry, arrays, after)
         return None
