@@ -251,13 +251,33 @@ def accept_handshake(
     verdict_bytes = _VERDICT.pack(verdict, their_id, their_flags)
     # Our view of the connection, taken now: once TLS has failed, a reset socket has none.
     view = _view(sock, connector=False) if creds.bind_addresses else b""
-    if creds.tls is None:
-        return _judge(sock, creds, purpose, deadline, hello, verdict_bytes, view)
-    tls = _wrap(sock, creds, True, deadline)
+    tls = creds.tls is not None
+    return _second_half(
+        _judge, sock, creds, tls, True, purpose, deadline, hello, verdict_bytes, view
+    )
+
+
+def _second_half(
+    half: Callable[[socket.socket, Credentials, bytes, float, bytes, bytes, bytes], socket.socket],
+    sock: socket.socket,
+    creds: Credentials,
+    tls: bool,
+    server: bool,
+    purpose: bytes,
+    deadline: float,
+    hello: bytes,
+    verdict_bytes: bytes,
+    view: bytes,
+) -> socket.socket:
+    """The handshake's second half (`_judge` or `_prove`), over TLS when agreed: a socket
+    that TLS wrapped is closed if that half fails."""
+    if not tls:
+        return half(sock, creds, purpose, deadline, hello, verdict_bytes, view)
+    wrapped = _wrap(sock, creds, server, deadline)
     try:
-        return _judge(tls, creds, purpose, deadline, hello, verdict_bytes, view)
+        return half(wrapped, creds, purpose, deadline, hello, verdict_bytes, view)
     except BaseException:
-        tls.close()
+        wrapped.close()
         raise
 
 
@@ -359,14 +379,10 @@ def connect_handshake(
             + ": set PYCOLLECTIVE_TLS (and the certificates) the same on every rank"
         )
     view = _view(sock, connector=True) if flags & BOUND_FLAG else b""
-    if not flags & TLS_FLAG:
-        return _prove(sock, creds, purpose, deadline, hello, verdict_bytes, view)
-    tls = _wrap(sock, creds, False, deadline)
-    try:
-        return _prove(tls, creds, purpose, deadline, hello, verdict_bytes, view)
-    except BaseException:
-        tls.close()
-        raise
+    tls = bool(flags & TLS_FLAG)
+    return _second_half(
+        _prove, sock, creds, tls, False, purpose, deadline, hello, verdict_bytes, view
+    )
 
 
 def _prove(
