@@ -39,6 +39,17 @@ class Member:
     done: dict | None = None
     killed_at: float | None = None
 
+    def take(self, kind: str, data: dict) -> None:
+        """One line a member printed: PID (who it is), STEP, ROUND, or its last (DONE)."""
+        if kind == "PID":
+            self.pid, self.uid, self.started = data["pid"], data["uid"], data["started"]
+        elif kind == "STEP":
+            self.steps.append(data)
+        elif kind == "ROUND":
+            self.rounds.append(data)
+        else:
+            self.done = data
+
 
 @dataclass
 class Kill:
@@ -136,14 +147,7 @@ class Job:
             data = json.loads(m[3])
             with self._cv:
                 mem = self.members.setdefault(r, Member(r))
-                if m[2] == "PID":
-                    mem.pid, mem.uid, mem.started = data["pid"], data["uid"], data["started"]
-                elif m[2] == "STEP":
-                    mem.steps.append(data)
-                elif m[2] == "ROUND":
-                    mem.rounds.append(data)
-                else:
-                    mem.done = data
+                mem.take(m[2], data)
                 self._cv.notify_all()
 
     def _read_err(self, stream, rank: int | None) -> None:

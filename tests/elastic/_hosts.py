@@ -87,14 +87,7 @@ class HostsJob(Job):
             with self._cv:
                 mem = self.members.setdefault(r, Member(r))
                 self.host_of[r] = host
-                if m[2] == "PID":
-                    mem.pid, mem.uid, mem.started = data["pid"], data["uid"], data["started"]
-                elif m[2] == "STEP":
-                    mem.steps.append(data)
-                elif m[2] == "ROUND":
-                    mem.rounds.append(data)
-                else:
-                    mem.done = data
+                mem.take(m[2], data)
                 self._cv.notify_all()
 
     def _read_err(self, stream, offset, host=None) -> None:

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from tests._threads import run_in_threads
 
 from pycollective import _auth
 from pycollective.store import HashStore
@@ -124,20 +125,7 @@ def _check_mesh(results: dict, size: int) -> None:
             for p, b in bufs.items():
                 assert (b == p).all()
 
-        errors = []
-
-        def run(rank):
-            try:
-                job(rank)
-            except BaseException as exc:  # noqa: BLE001
-                errors.append(exc)
-
-        threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(10)
-        assert not errors, errors
+        run_in_threads(job, size, 10)
     finally:
         for t in transports:
             t.close()

@@ -18,6 +18,7 @@ import time
 import numpy as np
 import pytest
 from tests._launch import REPO, run_ranks
+from tests._threads import run_in_threads
 from tests.security._relay import Flood, Relay, Squatter
 
 from pycollective import _auth, _keys
@@ -293,28 +294,15 @@ def test_a_flood_on_a_rank_during_the_mesh_set_up_changes_nothing() -> None:
                 pass
 
     threading.Thread(target=attacker, daemon=True).start()
+
+    def rank(r: int) -> object:
+        if r > 0:
+            time.sleep(1.0)  # rank 0 listens first; the others give the flood a head start
+        return connect_mesh(r, size, store, "mesh", _creds(), "127.0.0.1", "127.0.0.1", 30.0)
+
     transports: dict[int, object] = {}
-    errors: list[BaseException] = []
-
-    def rank(r: int) -> None:
-        try:
-            if r == 0:
-                time.sleep(0)  # rank 0 listens first; the others give the flood a head start
-            else:
-                time.sleep(1.0)
-            transports[r] = connect_mesh(
-                r, size, store, "mesh", _creds(), "127.0.0.1", "127.0.0.1", 30.0
-            )
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(40)
     try:
-        assert not errors, errors
+        transports.update(enumerate(run_in_threads(rank, size, 40)))
         assert junk_sent
         _exchange_checks(transports)
     finally:

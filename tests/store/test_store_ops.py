@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from tests._threads import run_in_threads
 
 from pycollective import _errors
 from pycollective.store import StoreError
@@ -119,22 +120,13 @@ def test_default_timeout_from_construction(make_store):
 
 def test_threads_share_one_store(make_store):
     s = make_store()
-    errors: list[BaseException] = []
 
     def work(i: int) -> None:
-        try:
-            for _ in range(25):
-                s.add("counter", 1)
-            s.set(f"t{i}", str(i))
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+        for _ in range(25):
+            s.add("counter", 1)
+        s.set(f"t{i}", str(i))
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_in_threads(work, 8, 60)
     assert s.get("counter") == b"200"
     s.wait([f"t{i}" for i in range(8)], timeout=5)
 

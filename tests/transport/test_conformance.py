@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from tests._threads import run_in_threads
 
 from pycollective import CollectiveTimeout, MismatchError, TransportError
 from pycollective.store import HashStore
@@ -23,22 +24,11 @@ GROUP = 77
 
 def _mesh(n: int) -> list:
     store = HashStore(timeout=20)
-    out: list = [None] * n
-    errors: list = []
-
-    def join(rank: int) -> None:
-        try:
-            out[rank] = connect_mesh(rank, n, store, "t", b"secret", "127.0.0.1", "127.0.0.1", 20)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=join, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not errors, errors
-    return out
+    return run_in_threads(
+        lambda rank: connect_mesh(rank, n, store, "t", b"secret", "127.0.0.1", "127.0.0.1", 20),
+        n,
+        30,
+    )
 
 
 def _p2p(tag: int, nbytes: int, dtype_code: int = 2) -> Header:
