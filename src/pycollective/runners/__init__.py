@@ -8,7 +8,7 @@ several ranks on one, else the cost model's cheapest schedule over the transport
 
 from __future__ import annotations
 
-from ._base import BaseRunner, Call, Members, Need, Runner, Spec
+from ._base import BaseRunner, Call, CompiledRunner, Members, Need, Runner, Spec
 from .arena import ArenaRunner
 from .hierarchical import HierarchicalRunner
 from .native import NativeArenaRunner
@@ -70,6 +70,7 @@ __all__ = [
     "ArenaRunner",
     "BaseRunner",
     "Call",
+    "CompiledRunner",
     "HierarchicalRunner",
     "Members",
     "NativeArenaRunner",

@@ -151,13 +151,29 @@ class Runner(Protocol):
         ...
 
 
-# Optional, for a runner with a compiled path of repeated calls (runners/native.py; the
-# group uses it when a runner has `fast_path`, core/group.py `_offer_fast`):
-#   compiled(plan, arrays) -> the compiled plan that repeats a call of this signature that
-#       just ran, or None;
-#   fast_path(group, engine, recorder, entry_type, finish, recheck_seconds) -> the handle
-#       the API functions call (ProcessGroup.fast);
-#   resume(call, status) -> go on with a call the handle started and handed back.
+class CompiledRunner(Runner, Protocol):
+    """A runner with a compiled path of repeated calls (runners/native.py). The group uses
+    these when a runner has `fast_path` (core/group.py `_offer_fast`)."""
+
+    def compiled(self, plan: Any, arrays: dict[str, np.ndarray]) -> Any:
+        """The compiled plan that repeats a call of this signature that just ran, or None."""
+        ...
+
+    def fast_path(
+        self,
+        group: Any,
+        engine: Any,
+        recorder: Any,
+        entry_type: type,
+        finish: Callable[..., None],
+        recheck_seconds: float,
+    ) -> Any:
+        """The handle the API functions call (ProcessGroup.fast), or None."""
+        ...
+
+    def resume(self, call: Call, status: int) -> None:
+        """Go on with a call the handle started and handed back (`status`)."""
+        ...
 
 
 class BaseRunner:

@@ -78,6 +78,20 @@ class _Sig:
         "type", "key", "dtype", "shape", "nbytes", "peer", "head", "tail", "kernel",
         "into", "tmp", "prepared", "fields", "tag",
     )  # fmt: skip
+    type: type
+    key: Any  # the op object as the caller passed it
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    nbytes: int
+    peer: int
+    head: tuple[int, ...]
+    tail: tuple[int, ...]
+    kernel: Any
+    into: memoryview
+    tmp: np.ndarray
+    prepared: Any
+    fields: tuple[Any, ...]
+    tag: int
 
 
 class _Resume:
@@ -191,7 +205,7 @@ class SwapFast:
                 entry = None
             started = entry.start() if entry is not None else time.monotonic()
             # (bytes: a partial send goes on from a byte offset, queued as any payload)
-            rc = transport.swap(g.peer, header, memoryview(obj).cast("B"), g.into, True)
+            rc = transport.swap(g.peer, header, memoryview(obj).cast("B"), g.into, True)  # type: ignore[arg-type]  # numpy types __buffer__ for 3.12+
             if rc == SWAP_DONE:
                 g.kernel(obj, g.tmp)
                 if entry is not None:
