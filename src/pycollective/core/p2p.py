@@ -20,6 +20,9 @@ from .group import ProcessGroup
 from .work import Work
 from .world import World
 
+# (*) numpy's stubs give ndarray a __buffer__ only for Python 3.12+: memoryview() of an
+# array is right at run time on every version, so mypy is told to let it be.
+
 MAX_TAG = (1 << 31) - 1
 MONITORED_BARRIER_TAG = MAX_TAG + 1  # outside the user's tag space
 _MONITORED_GRACE = 2.0  # seconds non-root ranks wait beyond the timeout for the root's verdict
@@ -64,7 +67,7 @@ def run_batch(world: World, batch: Sequence[tuple[Op, Work | _Outcome]]) -> None
     sends, recvs, receivers = [], [], []
     for op, work in batch:
         op.group.check_usable()
-        payload = memoryview(op.buf.array.view(np.uint8))
+        payload = memoryview(op.buf.array.view(np.uint8))  # type: ignore[arg-type]  # (*)
         if op.is_send:
             sends.append(OutMessage(op.peer, _header(op, payload.nbytes), payload))
         else:
@@ -134,11 +137,13 @@ def monitored_barrier(g: ProcessGroup, seconds: float, wait_all_ranks: bool) -> 
     token = np.zeros(1, dtype=np.uint8)
     buf = as_buffer(token, "token")
 
-    def message(peer: int, is_send: bool) -> tuple[OutMessage | None, InMessage | None]:
-        header = _header(Op(is_send, g, peer, buf, MONITORED_BARRIER_TAG), 1)
-        if is_send:
-            return OutMessage(peer, header, memoryview(token)), None
-        return None, InMessage(peer, header, memoryview(np.zeros(1, np.uint8)))
+    def send_to(peer: int) -> OutMessage:
+        header = _header(Op(True, g, peer, buf, MONITORED_BARRIER_TAG), 1)
+        return OutMessage(peer, header, memoryview(token))  # type: ignore[arg-type]  # (*)
+
+    def recv_from(peer: int) -> InMessage:
+        header = _header(Op(False, g, peer, buf, MONITORED_BARRIER_TAG), 1)
+        return InMessage(peer, header, memoryview(np.zeros(1, np.uint8)))  # type: ignore[arg-type]  # (*)
 
     entry = world.flight.record(  # type: ignore[union-attr]
         g.group_id, g.group_name, -1, "monitored_barrier", 0, None, "p2p", root=0
@@ -147,10 +152,11 @@ def monitored_barrier(g: ProcessGroup, seconds: float, wait_all_ranks: bool) -> 
     def job() -> None:
         entry.start()
         transport = world.transport
+        assert transport is not None  # a group with peers has one
         deadline = time.monotonic() + seconds
         if g.rank() == 0:
             others = list(g.ranks[1:])
-            recvs = [message(p, False)[1] for p in others]
+            recvs = [recv_from(p) for p in others]
             try:
                 transport.exchange([], recvs, deadline, g.group_id, "monitored_barrier")
             except CollectiveTimeout:
@@ -167,7 +173,7 @@ def monitored_barrier(g: ProcessGroup, seconds: float, wait_all_ranks: bool) -> 
                 world.flight.dump(str(exc))  # type: ignore[union-attr]
                 raise exc from None
             transport.exchange(
-                [message(p, True)[0] for p in others],
+                [send_to(p) for p in others],
                 [],
                 deadline,
                 g.group_id,
@@ -178,8 +184,8 @@ def monitored_barrier(g: ProcessGroup, seconds: float, wait_all_ranks: bool) -> 
             # Wait a little past the root's deadline: at its timeout the root tells us who
             # did not arrive, which is better news than our own "rank 0 never answered".
             transport.exchange(
-                [message(root, True)[0]],
-                [message(root, False)[1]],
+                [send_to(root)],
+                [recv_from(root)],
                 deadline + min(seconds, _MONITORED_GRACE),
                 g.group_id,
                 "monitored_barrier",

@@ -130,7 +130,7 @@ class Manager:
             # etcd names the job itself (the URL's path): every launcher, on every host,
             # must find the same keys, whatever its own PYCOLLECTIVE_JOB_ID
             job = job or "job"
-            hosts = etcd_hosts(store, self._etcd_url)
+            hosts = etcd_hosts(store if isinstance(store, EtcdStore) else None, self._etcd_url)
             self._master_addr = env.master_addr or hosts[0]
             self._multi_node = env.multi_node or not all(map(_netutil.is_loopback, hosts))
         job = job or _config.get("PYCOLLECTIVE_JOB_ID") or "job"
@@ -389,6 +389,7 @@ class Manager:
         store = self._store
         assert isinstance(store, EtcdStore)
         round_, world = self._round, self._world
+        assert round_ is not None  # called within a round
         others = set(self._members) - {self.uid}
         leases = self._key("lease") + "/"
         joiner = self._key("round", round_ + 1, "n")
@@ -435,6 +436,7 @@ class Manager:
         step's path, so the other members never wait in the all_reduce for the leader's
         round trip to the store. It ends with the round (or the manager)."""
         round_ = self._round
+        assert round_ is not None  # called within a round
         key = self._key("round", round_ + 1, "n")
 
         def watch() -> None:

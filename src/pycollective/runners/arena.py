@@ -162,7 +162,8 @@ class LocalGroup:
         red = _reducer(header.op, dtype, divisor) if kernel is not None else None
         if collective in ("all_reduce", "reduce"):
             # Worth asking the peers about their buffers only if mine is shared.
-            views = partial(self._peer_views, data, label) if shared != _shared.NOT_SHARED else None
+            shares = shared != _shared.NOT_SHARED
+            views = partial(self._peer_views, data, label) if shares else None  # type: ignore[arg-type]
             if collective == "all_reduce":
                 _coll.all_reduce(arena, data, red, sync, views)  # type: ignore[arg-type]
             else:
@@ -172,13 +173,8 @@ class LocalGroup:
         elif collective == "all_gather":
             _coll.all_gather(arena, arrays["input"], arrays["output"], sync)
         elif collective == "reduce_scatter":
-            _coll.reduce_scatter(
-                arena,
-                arrays["input"],
-                arrays["output"],
-                red,
-                sync,  # type: ignore[arg-type]
-            )
+            out = arrays["output"]
+            _coll.reduce_scatter(arena, arrays["input"], out, red, sync)  # type: ignore[arg-type]
         elif collective == "barrier":
             _coll.barrier(arena, sync)
         else:  # pragma: no cover - callers check COLLECTIVES

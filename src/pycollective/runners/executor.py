@@ -19,6 +19,9 @@ from ..schedule._steps import Chunk, Copy, Recv, Schedule, Send
 from ..transport._base import InMessage, OutMessage, Transport
 from ..transport._wire import Header
 
+# (*) numpy's stubs give ndarray a __buffer__ only for Python 3.12+: memoryview() of an
+# array is right at run time on every version, so mypy is told to let it be.
+
 SEGMENT_BYTES = 512 * 1024  # reduce incoming data in pieces of this size as it arrives
 _ROUND_BITS = 10  # tag = round << 10 | index of the message among those to one peer
 
@@ -218,7 +221,7 @@ def run_schedule(
             bufs[dst.buf][dst.offset : dst.end] = bufs[src.buf][src.offset : src.end]
         sends = []
         for s in rnd.sends:
-            payload = memoryview(raw[s.buf][s.lo * itemsize : s.hi * itemsize])
+            payload = memoryview(raw[s.buf][s.lo * itemsize : s.hi * itemsize])  # type: ignore[arg-type]  # (*)
             sends.append(OutMessage(ranks[s.peer], with_tag(s.tag, payload.nbytes), payload))
         recvs = []
         pending: list[_Reduction] = []
@@ -226,7 +229,7 @@ def run_schedule(
             expect = with_tag(r.tag, (r.hi - r.lo) * itemsize)
             if r.reduce and r.overlap_ok and sinks:  # (a reduction has a kernel)
                 red = _Reduction(bufs[r.buf][r.lo : r.hi], temp[:0], kernel, itemsize, True)
-                dest = memoryview(raw[r.buf][r.lo * itemsize : r.hi * itemsize])
+                dest = memoryview(raw[r.buf][r.lo * itemsize : r.hi * itemsize])  # type: ignore[arg-type]  # (*)
                 recvs.append(InMessage(ranks[r.peer], expect, dest, sink=red.sink, align=itemsize))
             elif r.via_temp:
                 tmp = temp[r.temp_lo : r.temp_lo + r.hi - r.lo]
@@ -242,12 +245,12 @@ def run_schedule(
                     InMessage(
                         ranks[r.peer],
                         expect,
-                        memoryview(tmp.view(np.uint8)),
+                        memoryview(tmp.view(np.uint8)),  # type: ignore[arg-type]  # (*)
                         on_data=red.on_data if r.overlap_ok else None,
                     )
                 )
             else:
-                dest = memoryview(raw[r.buf][r.lo * itemsize : r.hi * itemsize])
+                dest = memoryview(raw[r.buf][r.lo * itemsize : r.hi * itemsize])  # type: ignore[arg-type]  # (*)
                 recvs.append(InMessage(ranks[r.peer], expect, dest))
         if sends or recvs:
             transport.exchange(sends, recvs, deadline, group, label)

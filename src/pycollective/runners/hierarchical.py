@@ -193,6 +193,7 @@ class Hierarchy:
         algo = flat_algorithm(H, data.size, call.dtype.itemsize, self.tuning.params("tcp"))
         plan = _plan("all_reduce", algo, self.local_host, H, data.size, 1)
         ranks = tuple(self.global_ranks[r] for r in self.cross)
+        assert call.transport is not None  # a group across hosts has one
         run_schedule(
             plan, {"data": data}, call.dtype, call.kernel, call.transport, ranks,
             call.header, call.deadline, call.pool, call.label,
@@ -216,6 +217,7 @@ class Hierarchy:
             return
         plan = _plan(collective, algorithm, self.local, len(self.intra), count, phase)
         ranks = tuple(self.global_ranks[r] for r in self.intra)
+        assert call.transport is not None  # a group with peers has one
         run_schedule(
             plan, arrays, call.dtype, call.kernel, call.transport, ranks, call.header,
             call.deadline, call.pool, call.label,

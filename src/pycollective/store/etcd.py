@@ -33,8 +33,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from .. import _config, _files, _keys
 from .._errors import StoreError, UsageError
@@ -59,6 +59,8 @@ from ._etcd_client import (
     prefix_end,
     unb64,
 )
+
+R = TypeVar("R")  # what a read-modify-write step returns (_update)
 
 logger = logging.getLogger("pycollective.store")
 
@@ -238,7 +240,9 @@ class EtcdStore(Store):
                     return True  # an earlier attempt of this very request landed
         return False
 
-    def _update(self, name: bytes, shown: str, change) -> tuple[bytes, bytes | None]:
+    def _update(
+        self, name: bytes, shown: str, change: Callable[[bytes | None], tuple[R, bytes | None]]
+    ) -> tuple[R, bytes | None]:
         """Read-modify-write `name` as a transaction on its revision, retried when another
         writer got there first. `change(current) -> (result, new value or None)`."""
         while True:
