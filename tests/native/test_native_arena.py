@@ -5,12 +5,12 @@ slots, so calls take the one-phase path, the pipelines and many chunks."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import time
 
 import numpy as np
 import pytest
+from tests._arena_ranks import run_on_new_arena
 
 from pycollective import _dtypes
 from pycollective._reduce_ops import ReduceOp, fused_reduce
@@ -137,26 +137,5 @@ def _rank_main(name: str, nbytes: int, p: int, r: int, compiled: bool, out) -> N
     "p,mode", [(2, "compiled"), (3, "compiled"), (2, "mixed"), (3, "mixed"), (4, "mixed")]
 )
 def test_compiled_arena_matches_the_reference_and_the_python_arena(p: int, mode: str) -> None:
-    nbytes = arena.layout(p, SLOT)[2]
-    seg = arena.Segment.create(nbytes)
-    arena.Arena(seg, p, 0, SLOT).init_header()
-    ctx = mp.get_context("fork")
-    out = ctx.Queue()
-    procs = [
-        ctx.Process(
-            target=_rank_main,
-            args=(seg.name, nbytes, p, r, mode == "compiled" or r % 2 == 1, out),
-        )
-        for r in range(p)
-    ]
-    try:
-        for proc in procs:
-            proc.start()
-        results = dict(out.get(timeout=100) for _ in range(p))
-    finally:
-        seg.unlink()
-        for proc in procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()
+    results = run_on_new_arena(p, SLOT, _rank_main, lambda r: (mode == "compiled" or r % 2 == 1,))
     assert results == {r: None for r in range(p)}

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from tests._arena_ranks import run_on_new_arena
 
 from pycollective._dtypes import from_numpy
 from pycollective._reduce_ops import ReduceOp
@@ -204,22 +205,7 @@ def _rank_main(name: str, nbytes: int, p: int, r: int, out) -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("p", [1, 2, 3, 5])
 def test_arena_collectives_match_numpy(p: int) -> None:
-    nbytes = arena.layout(p, SLOT)[2]
-    seg = arena.Segment.create(nbytes)
-    arena.Arena(seg, p, 0, SLOT).init_header()
-    ctx = mp.get_context("fork")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(seg.name, nbytes, p, r, out)) for r in range(p)]
-    try:
-        for proc in procs:
-            proc.start()
-        results = dict(out.get(timeout=100) for _ in range(p))
-    finally:
-        seg.unlink()
-        for proc in procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()
+    results = run_on_new_arena(p, SLOT, _rank_main)
     assert results == {r: None for r in range(p)}
 
 
