@@ -261,6 +261,9 @@ def test_torchrun_restart_never_reads_the_failed_attempts_addresses(job_env, tmp
 def test_pycollective_run_battery(job_env, n):
     res = run_job([PYTHON, "-m", "pycollective", "run", "-n", n, BATTERY, "--quick"], job_env)
     assert_battery_passed(res, n)
+    # the launcher's prefix on every line of every rank's output
+    for rank in range(n):
+        assert f"[rank {rank}]: rank {rank}: " in res.stdout, res.stdout[-3000:]
 
 
 FAILING = """
