@@ -164,7 +164,7 @@ def _rank_main(args: argparse.Namespace) -> None:
         )
 
     calls = []
-    for nbytes in (4, 4096, 1 << 20, 16 << 20):
+    for nbytes in (int(b) for b in args.sizes.split(",") if b):
         count = max(1, nbytes // 4)
         t = torch.ones(count)
         reps = 300 if nbytes <= 4096 else 20
@@ -214,6 +214,8 @@ def _launch(n: int, args: argparse.Namespace) -> dict:
             str(args.steps),
             "--rounds",
             str(args.rounds),
+            "--sizes",
+            args.sizes,
         ]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=args.timeout)[0] for p in procs]
@@ -268,6 +270,9 @@ def main() -> None:
     p.add_argument("--wrappers", default="ddp,fsdp2")
     p.add_argument("--steps", type=int, default=5, help="steps per timed block")
     p.add_argument("--rounds", type=int, default=5, help="timed blocks per backend")
+    p.add_argument(
+        "--sizes", default="4,4096,1048576,16777216", help='call rows\' bytes ("": no rows)'
+    )
     p.add_argument("--timeout", type=float, default=1200)
     p.add_argument("--json", default=str(HERE / "results" / "torch_backend.json"))
     p.add_argument("--rank-side", action="store_true", help=argparse.SUPPRESS)

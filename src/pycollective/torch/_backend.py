@@ -3,12 +3,18 @@
 torch calls the creator with its c10d store (already prefixed per group), this rank, the
 group size and the timeout; we build a pycollective World of our own from that store (the
 module-level default group of `import pycollective as dist` is left alone, so a program
-may use both) and answer each torch operation with an asynchronous pycollective one,
-returning a Work whose future completes on our engine thread. That asynchrony is what
-lets DDP's gradient buckets travel while backward is still computing.
+may use both) and answer each torch operation with a pycollective one. A call torch makes
+asynchronously (DDP's gradient buckets, FSDP's) returns a Work whose future completes on
+a completion thread (torch/_work.py), so the buckets travel while backward is still
+computing; a call the caller waits for at once runs in the caller's thread.
 
 Ranks in torch's calls (rootRank, dst, src) are group ranks, and our world's ranks are
 exactly the group's ranks, so they pass straight through.
+
+This file holds the group and its methods; beside it: torch's call forms (_forms.py), the
+tensors' views (_views.py), works (_work.py), the coalesced calls (_coalesced.py),
+point-to-point and the monitored barrier (_p2p.py), the sparse all-reduce (_sparse.py),
+torch's stores (_store.py).
 """
 
 from __future__ import annotations
@@ -24,25 +30,20 @@ from torch._C import _distributed_c10d as _c10d
 import torch
 
 from .. import _config, _ray_job
-from .._errors import CollectiveError, CollectiveTimeout, UsageError
 from ..api import collectives as _api
-from ..api import p2p as _p2p
 from ..core import rendezvous
 from ..core.group import ProcessGroup as _OurGroup
 from ..core.group import group_id_for
 from ..core.work import Work as _OurWork
 from ..core.world import World, count_traffic
 from ..transport import counting as _traffic
-from . import _work
+from . import _coalesced, _p2p, _work
 from ._forms import (
     asynchronous,
-    contiguous,
     is_options,
     known_op,
     one,
-    one_dtype,
     op_of,
-    paired,
     root_of,
     synchronous_call,
     tensors_of,
@@ -51,8 +52,8 @@ from ._forms import (
 )
 from ._sparse import sparse_all_reduce
 from ._store import meeting_place
-from ._views import Staged, SyncViews, dense
-from ._work import DoneSlot, TorchWork, completed, torch_error
+from ._views import Staged, SyncViews
+from ._work import DoneSlot, Issued, TorchWork, torch_error
 
 BACKEND_NAME = "pycollective"
 _CPU = torch.device("cpu")
@@ -63,22 +64,6 @@ _AllgatherOptions = _c10d.AllgatherOptions
 _ReduceScatterOptions = _c10d.ReduceScatterOptions
 
 _instances = itertools.count()
-
-# What issuing one operation leaves to do: our Works, then an optional copy-back.
-_Issued = tuple[list["_OurWork | None"], "Callable[[], None] | None"]
-
-
-def _join(parts: list[_Issued]) -> _Issued:
-    works = [w for ws, _ in parts for w in ws]
-    finishes = [f for _, f in parts if f is not None]
-    if not finishes:
-        return works, None
-
-    def run() -> None:
-        for f in finishes:
-            f()
-
-    return works, run
 
 
 class PycollectiveProcessGroup(tdist.ProcessGroup):
@@ -285,24 +270,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     @torch_call("all_reduce")
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> tdist.Work:
         """One all-reduce over the tensors laid end to end, then copied back."""
-        tensors = tensors_of(tensors, "allreduce_coalesced tensors")
-        if not tensors:
-            return completed(tensors)
-        dtypes = {t.dtype for t in tensors}
-        if len(dtypes) != 1:
-            raise UsageError(f"allreduce_coalesced needs one dtype, got {sorted(map(str, dtypes))}")
-        op = op_of(opts)
-        flat = torch.cat([dense(t, "allreduce tensor").reshape(-1) for t in tensors])
-        work = _api.all_reduce(flat, op, self._pg, async_op=asynchronous())
-
-        def copy_back() -> None:
-            offset = 0
-            for t in tensors:
-                n = t.numel()
-                t.copy_(flat[offset : offset + n].view_as(t))
-                offset += n
-
-        return self._work([work], copy_back, tensors, timeout_of(opts))
+        return _coalesced.allreduce_coalesced(self, tensors, opts)
 
     def broadcast(
         self, tensors: Any, opts: Any = None, timeout: Any = None, *, root: Any = None
@@ -399,7 +367,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         issued = self._allgather_list(outs, inp)
         return self._work(*issued, output_tensors, timeout_of(opts, timeout))
 
-    def _allgather_list(self, outs: list[torch.Tensor], inp: torch.Tensor) -> _Issued:
+    def _allgather_list(self, outs: list[torch.Tensor], inp: torch.Tensor) -> Issued:
         staged = Staged()
         inp = staged.inp(inp, "allgather input")
         targets = [staged.out(o, "allgather output") for o in outs]
@@ -427,7 +395,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
 
     all_gather_single = _allgather_base
 
-    def _allgather_flat(self, output: torch.Tensor, input: torch.Tensor) -> _Issued:
+    def _allgather_flat(self, output: torch.Tensor, input: torch.Tensor) -> Issued:
         staged = Staged()
         out = self._sync_view(staged.out(output, "all_gather_into_tensor output"), "output")
         inp = self._sync_view(staged.inp(input, "all_gather_into_tensor input"), "input")
@@ -439,73 +407,14 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     def allgather_coalesced(
         self, output_lists: Any, input_list: Any, opts: Any = None
     ) -> tdist.Work:
-        """output_lists[r][j] receives rank r's input_list[j] (torch's all_gather_coalesced
-        layout: one list per rank, each as long as the inputs)."""
-        inputs = tensors_of(input_list, "allgather_coalesced inputs")
-        lists = [list(o) for o in output_lists]
-        if len(lists) != self.size():
-            raise UsageError(
-                f"allgather_coalesced needs one output list per rank ({self.size()}), "
-                f"got {len(lists)}"
-            )
-        for r, o in enumerate(lists):
-            if len(o) != len(inputs):
-                raise UsageError(
-                    f"allgather_coalesced: output list {r} has {len(o)} tensors for "
-                    f"{len(inputs)} inputs"
-                )
-            for j, (out, inp) in enumerate(zip(o, inputs, strict=True)):
-                if out.numel() != inp.numel() or out.dtype != inp.dtype:
-                    raise UsageError(
-                        f"allgather_coalesced: output [{r}][{j}] ({out.numel()} x {out.dtype}) "
-                        f"does not fit input {j} ({inp.numel()} x {inp.dtype})"
-                    )
-        n = self.size()
-        if len(inputs) > 1 and one_dtype(inputs):
-            # one all-gather of the inputs laid end to end, then each rank's share cut up
-            flat_in = torch.cat([dense(t, "allgather input").reshape(-1) for t in inputs])
-            flat_out = flat_in.new_empty(n * flat_in.numel())
-            (work,), _ = self._allgather_flat(flat_out, flat_in)
-
-            def copy_out() -> None:
-                by_rank = flat_out.view(n, -1)
-                for r in range(n):
-                    offset = 0
-                    for j, inp in enumerate(inputs):
-                        k = inp.numel()
-                        lists[r][j].copy_(by_rank[r, offset : offset + k].view_as(lists[r][j]))
-                        offset += k
-
-            return self._work([work], copy_out, output_lists, timeout_of(opts))
-        parts = [
-            self._allgather_list([lists[r][j] for r in range(n)], inp)
-            for j, inp in enumerate(inputs)
-        ]
-        return self._work(*_join(parts), output_lists, timeout_of(opts))
+        """output_lists[r][j] receives rank r's input_list[j] (torch's layout)."""
+        return _coalesced.allgather_coalesced(self, output_lists, input_list, opts)
 
     @torch_call("all_gather_into_tensor_coalesced", 1)
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> tdist.Work:
-        """One all-gather of the inputs laid end to end (when they share a dtype), then
-        each rank's share copied out: one call instead of a stream of small ones."""
-        matched = paired(outputs, inputs)
-        if len(matched) > 1 and one_dtype(inputs) and contiguous(outputs):
-            n = self.size()
-            flat_in = torch.cat([dense(t, "all_gather input").reshape(-1) for t in inputs])
-            flat_out = flat_in.new_empty(n * flat_in.numel())
-            (work,), _ = self._allgather_flat(flat_out, flat_in)
-
-            def copy_out() -> None:
-                by_rank, offset = flat_out.view(n, -1), 0
-                for o, i in matched:
-                    k = i.numel()
-                    o.view(n, k).copy_(by_rank[:, offset : offset + k])
-                    offset += k
-
-            return self._work([work], copy_out, outputs, timeout_of(opts))
-        parts = [self._allgather_flat(o, i) for o, i in matched]
-        return self._work(*_join(parts), outputs, timeout_of(opts))
+        return _coalesced.allgather_into_tensor_coalesced(self, outputs, inputs, opts)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -552,7 +461,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
 
     reduce_scatter_single = _reduce_scatter_base
 
-    def _reduce_scatter_flat(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> _Issued:
+    def _reduce_scatter_flat(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Issued:
         op = op_of(opts)
         staged = Staged()
         out = self._sync_view(staged.out(output, "reduce_scatter_tensor output"), "output")
@@ -564,33 +473,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     def reduce_scatter_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> tdist.Work:
-        """One reduce-scatter of every input's rank-r share laid end to end (when they share
-        a dtype), then each output cut out of the result."""
-        matched = paired(outputs, inputs)
-        if len(matched) > 1 and one_dtype(inputs) and contiguous(outputs):
-            n = self.size()
-            sizes = [o.numel() for o, _ in matched]
-            for (_, i), k in zip(matched, sizes, strict=True):
-                if i.numel() != n * k:
-                    raise UsageError(
-                        f"reduce_scatter_tensor_coalesced: an input of {i.numel()} elements "
-                        f"for an output of {k} at world size {n}"
-                    )
-            flat_in = torch.cat(
-                [dense(i, "reduce_scatter input").reshape(n, -1) for _, i in matched], dim=1
-            ).reshape(-1)
-            flat_out = flat_in.new_empty(sum(sizes))
-            (work,), _ = self._reduce_scatter_flat(flat_out, flat_in, opts)
-
-            def copy_out() -> None:
-                offset = 0
-                for (o, _), k in zip(matched, sizes, strict=True):
-                    o.copy_(flat_out[offset : offset + k].view_as(o))
-                    offset += k
-
-            return self._work([work], copy_out, outputs, timeout_of(opts))
-        parts = [self._reduce_scatter_flat(o, i, opts) for o, i in matched]
-        return self._work(*_join(parts), outputs, timeout_of(opts))
+        return _coalesced.reduce_scatter_tensor_coalesced(self, outputs, inputs, opts)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
@@ -679,62 +562,21 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         torch's `dist.monitored_barrier` refuses every backend not named "gloo" before it
         reaches one; call this on the group object instead (or pycollective's own
         `monitored_barrier`)."""
-        if timeout is None:
-            seconds = self._pg.timeout
-        else:
-            given = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
-            if float(given) <= 0 and self.rank() == 0:
-                # gloo: rank 0 spends its budget before waiting on anyone
-                raise RuntimeError("Rank 0 timed out in monitoredBarrier after 0 ms")
-            seconds = max(float(given), 1e-3)
-        try:
-            _p2p.monitored_barrier(self._pg, seconds, wait_all_ranks)
-        except CollectiveTimeout as exc:
-            ms = int(round((seconds or 0) * 1000))
-            if self.rank() == 0 and exc.waiting_on:
-                missing = sorted(int(r) for r in exc.waiting_on)
-                if wait_all_ranks:
-                    who = f"Ranks {', '.join(map(str, missing))}"
-                else:
-                    who = f"Rank {missing[0]}"
-                raise RuntimeError(
-                    f"{who} failed to pass monitoredBarrier in {ms} ms ({exc})"
-                ) from exc
-            if self.rank() == 0:
-                raise RuntimeError(f"Rank 0 timed out in monitoredBarrier: {exc}") from exc
-            raise RuntimeError(
-                f"Rank {self.rank()} successfully reached monitoredBarrier, but received "
-                f"errors while waiting for send/recv from rank 0: {exc}"
-            ) from exc
-        except CollectiveError as exc:
-            if self.rank() == 0:
-                raise RuntimeError(f"Rank 0 timed out in monitoredBarrier: {exc}") from exc
-            raise RuntimeError(
-                f"Rank {self.rank()} successfully reached monitoredBarrier, but received "
-                f"errors while waiting for send/recv from rank 0: {exc}"
-            ) from exc
+        _p2p.monitored_barrier(self, timeout, wait_all_ranks)
 
     # ------------------------------------------------------------------ point-to-point
 
     @torch_call("send")
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> tdist.Work:  # noqa: N803
-        t = Staged().inp(one(tensors_of(tensors, "send"), "send"), "send tensor")
-        work = _p2p.isend(t, group=self._pg, tag=tag, group_dst=dstRank)
-        return self._work([work], None, tensors)
+        return _p2p.send(self, tensors, dstRank, tag)
 
     @torch_call("recv")
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> tdist.Work:  # noqa: N803
-        staged = Staged()
-        t = staged.out(one(tensors_of(tensors, "recv"), "recv"), "recv tensor")
-        work = _p2p.irecv(t, group=self._pg, tag=tag, group_src=srcRank)
-        return self._work([work], staged.finish(), tensors)
+        return _p2p.recv(self, tensors, srcRank, tag)
 
     @torch_call("recvAnySource")
     def recv_anysource(self, tensors: Any, tag: int = 0) -> tdist.Work:
-        staged = Staged()
-        t = staged.out(one(tensors_of(tensors, "recv"), "recv"), "recv tensor")
-        work = _p2p.irecv(t, None, group=self._pg, tag=tag)
-        return self._work([work], staged.finish(), tensors)
+        return _p2p.recv_anysource(self, tensors, tag)
 
 
 def create_backend(

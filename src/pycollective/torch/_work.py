@@ -494,6 +494,25 @@ def completed(result: Any) -> DoneWork:
     return DoneWork(result)
 
 
+# What issuing one operation leaves to do: our Works (None for a synchronous call), then
+# an optional copy-back; the group's _work makes the torch Work of one or several.
+Issued = tuple[list["_OurWork | None"], "Callable[[], None] | None"]
+
+
+def join(parts: list[Issued]) -> Issued:
+    """Several issued operations as one: every Work, then every copy-back in order."""
+    works = [w for ws, _ in parts for w in ws]
+    finishes = [f for _, f in parts if f is not None]
+    if not finishes:
+        return works, None
+
+    def run() -> None:
+        for f in finishes:
+            f()
+
+    return works, run
+
+
 class DoneSlot:
     """The DoneWorks of one group's synchronous calls, one reused while nobody holds it.
 
