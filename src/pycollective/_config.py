@@ -354,8 +354,17 @@ def _vars() -> tuple[Var, ...]:
         Var(
             "PYCOLLECTIVE_SHM_CHUNK_BYTES",
             BYTES,
-            4 << 20,
-            "Largest chunk per rank of a pipelined arena reduction.",
+            256 << 10,
+            "Largest chunk of a pipelined arena reduction (every rank of a group must "
+            "agree; the slot size bounds it too).",
+        ),
+        Var(
+            "PYCOLLECTIVE_SHM_NT_BYTES",
+            BYTES,
+            None,
+            "Compiled arena calls at least this large copy results into the caller's "
+            "buffer with non-temporal stores (default: the size of the L3 cache, 32 MiB "
+            "when unknown).",
         ),
         Var(
             "PYCOLLECTIVE_SHM_SPIN_US",
@@ -538,8 +547,7 @@ def timeout_seconds(timeout: Any) -> float:
         or timeout <= 0
     ):
         raise UsageError(
-            f"timeout must be a positive number of seconds (finite) or a timedelta, got "
-            f"{timeout!r}"
+            f"timeout must be a positive number of seconds (finite) or a timedelta, got {timeout!r}"
         )
     return float(timeout)
 

@@ -17,6 +17,7 @@ Python), runs the Python arena instead; the latter warns once, saying why.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -40,11 +41,43 @@ else:
 DONE, PENDING, CHECK, VIEWS = 0, 1, 2, 3  # what Arena.run and resume return (csrc/arena.h)
 BUDGET_NS = 1_000_000  # how long C waits before handing back to Python for a poll
 # Calls at least this large copy results into the caller's buffer with non-temporal stores
-# (they skip reading the destination in first: twice as fast from and to DRAM here, slower
-# for data that stays in cache). Pinned p=2 all_reduce, alternating: 64 MiB 8.6 ms with
-# them, 12.7 ms without; but 16 MiB 2.1 ms with them, 1.6 ms without (two ranks' 16 MiB
-# and the arena still fit the 32 MiB L3), 4 MiB 0.39 / 0.18 ms.
-NT_BYTES = 32 << 20
+# (they skip reading the destination in first, and leave the cache alone): they pay only
+# once the call's data no longer stays in cache, so the default is the L3's size. On a
+# 32 MiB-L3 host, pinned p=2 all_reduce, alternating: 64 MiB 8.6 ms with them, 12.7 ms
+# without, 16 MiB 2.1 / 1.6 ms. On this VM's 260 MiB L3 (load 11-13, alternating, medians
+# of 15): 32 MiB 59 ms with them, 48 ms without; 64 MiB 146 / 107 ms.
+# PYCOLLECTIVE_SHM_NT_BYTES overrides.
+NT_FALLBACK_BYTES = 32 << 20
+_CACHES = "/sys/devices/system/cpu/cpu0/cache"
+
+
+def l3_bytes() -> int | None:
+    """The size of this CPU's last-level (L3) cache from sysfs, or None if not told."""
+    try:
+        for index in sorted(os.listdir(_CACHES)):
+            if not index.startswith("index"):
+                continue
+            with open(f"{_CACHES}/{index}/level") as f:
+                level = f.read().strip()
+            if level != "3":
+                continue
+            with open(f"{_CACHES}/{index}/size") as f:
+                size = f.read().strip().upper()
+            unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+            return int(size.rstrip("KMG")) * unit
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def nt_threshold() -> int:
+    """Calls at least this large copy their results out non-temporally (see above)."""
+    override = _config.get("PYCOLLECTIVE_SHM_NT_BYTES")
+    if override is not None:
+        return int(override)
+    return l3_bytes() or NT_FALLBACK_BYTES
+
+
 # With more ranks than cores, a wait yields for at most this long before it sleeps on the
 # futex, so that the core goes to the ranks that have work (the one waited on among them):
 # p=4 on 2 cores, alternating in the same ranks, a 4 B all_reduce took 23-24 us yielding
@@ -152,7 +185,7 @@ class NativeArena:
     """This rank's compiled view of an Arena (which keeps owning the segment)."""
 
     def __init__(
-        self, arena: Arena, small_bytes: int, chunk_bytes: int, nt_bytes: int = NT_BYTES
+        self, arena: Arena, small_bytes: int, chunk_bytes: int, nt_bytes: int | None = None
     ) -> None:
         assert _native is not None  # noqa: S101 - callers check enabled()
         ctrl, data, _ = layout(arena.size, arena.slot_bytes)
@@ -167,7 +200,7 @@ class NativeArena:
             NBUF,
             small_bytes,
             chunk_bytes,
-            nt_bytes,
+            nt_bytes if nt_bytes is not None else nt_threshold(),
         )
         self.c.next_buf = arena.next_buf
         self.set_spin()
