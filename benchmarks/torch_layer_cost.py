@@ -12,10 +12,12 @@ method (call forms, views, the Work) and our API's entry. CPU time per call (bes
 from __future__ import annotations
 
 import argparse
+import json
 import operator
 import time
 import timeit
 import types
+from pathlib import Path
 
 import numpy as np
 import torch.distributed as dist
@@ -28,6 +30,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=20000)
     p.add_argument("--repeat", type=int, default=7)
+    p.add_argument("--json", help="also write the numbers and the load here")
     args = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("pycollective", store=dist.HashStore(), rank=0, world_size=1)
@@ -54,6 +57,12 @@ def main() -> None:
     for name, us in best.items():
         print(f"{us:7.2f} us CPU  {name}")
     print(f"load {load}")
+    if args.json:
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        rows = {name: round(us, 3) for name, us in best.items()}
+        out = {"when": when, "load": load, "calls": args.calls, "repeat": args.repeat,
+               "cpu_us_best": rows}  # fmt: skip
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     dist.destroy_process_group()
 
 
