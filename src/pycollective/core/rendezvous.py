@@ -171,7 +171,6 @@ def route_of(store: Any, master_addr: str | None, multi_node: bool) -> tuple[str
     remote = not all(_netutil.is_loopback(h) for h in hosts)
     return master_addr or hosts[0], multi_node or remote
 
-
 def tcp_init_address(init_method: str) -> tuple[str, int]:
     """(host, port) of init_method "tcp://host:port" (a bracketed IPv6 host too)."""
     hostport = init_method[len("tcp://") :].split("?")[0].rstrip("/")
