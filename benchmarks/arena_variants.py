@@ -10,7 +10,10 @@ printed, with the machine's load before and after. No job, no TCP: the arena alo
     python benchmarks/arena_variants.py -s 1M,4M,16M \\
         --variant old:262144:1048576:33554432 --variant c256k:262144:262144:33554432
 
-A variant is name:small_bytes:chunk_bytes:nt_bytes (as NativeArena takes them).
+A variant is name:small_bytes:chunk_bytes:nt_bytes[:spin_us] (NativeArena's thresholds;
+spin_us: how long a waiting rank pause-spins before it yields, as set_spin takes it).
+A variant whose name starts with "py" runs the Python arena (shm/collectives.py) with
+its chunk_bytes instead.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import numpy as np
 
 from pycollective import _dtypes
 from pycollective._reduce_ops import ReduceOp
-from pycollective.shm import arena, native
+from pycollective.shm import arena, collectives, native
 from pycollective.transport import _wire
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -40,9 +43,10 @@ def parse_size(text: str) -> int:
     return int(text)
 
 
-def parse_variant(text: str) -> tuple[str, int, int, int]:
-    name, small, chunk, nt = text.split(":")
-    return name, parse_size(small), parse_size(chunk), parse_size(nt)
+def parse_variant(text: str) -> tuple[str, int, int, int, float | None]:
+    name, small, chunk, nt, *spin = text.split(":")
+    spin_us = float(spin[0]) if spin else None
+    return name, parse_size(small), parse_size(chunk), parse_size(nt), spin_us
 
 
 def _rank(args, name: str, nbytes: int, r: int, out) -> None:
@@ -54,10 +58,17 @@ def _rank(args, name: str, nbytes: int, r: int, out) -> None:
         p = args.nprocs
         seg = arena.Segment.attach(name, nbytes)
         a = arena.Arena(seg, p, r, args.slot)
-        variants = [
-            (v[0], native.NativeArena(a, v[1], v[2], v[3]))
-            for v in map(parse_variant, args.variant)
-        ]
+        variants = []
+        python: dict[native.NativeArena, int] = {}
+        for v in map(parse_variant, args.variant):
+            na = native.NativeArena(a, v[1], v[2], v[3])
+            if v[4] is not None:  # a pinned rank's pause-spin before it yields, in us
+                na.c.set_spin(
+                    a.pure_spins, int(a.yield_seconds * 1e9), a.oversubscribed, int(v[4] * 1e3)
+                )
+            variants.append((v[0], na))
+            if v[0].startswith("py"):  # run by the Python arena instead (small_bytes: its own)
+                python[na] = v[2]
         dtype = _dtypes.BY_NAME["float32"]
         deadline = time.monotonic() + args.timeout
 
@@ -71,8 +82,18 @@ def _rank(args, name: str, nbytes: int, r: int, out) -> None:
         seq = 0
         next_buf = 0
 
+        sync = collectives.Sync(a, poll)
+        red = collectives.reducer(ReduceOp.SUM, dtype)
+
         def call(na: native.NativeArena, x: np.ndarray) -> None:
             nonlocal seq, next_buf
+            if na in python:  # the Python arena, with this variant's chunk
+                a.chunk_bytes = python[na]
+                a.next_buf = next_buf
+                collectives.all_reduce(a, x, red, sync)
+                next_buf = a.next_buf
+                seq += 1
+                return
             hdr = (_wire.KIND_CODE["all_reduce"], dtype.code, int(x.size), -1, int(ReduceOp.SUM), 0)
             plan = na.plan(hdr[0], dtype.code, int(ReduceOp.SUM), -1, 0, hdr)
             na.c.next_buf = next_buf  # the variants share one arena: hand its state over

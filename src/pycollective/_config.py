@@ -354,9 +354,10 @@ def _vars() -> tuple[Var, ...]:
         Var(
             "PYCOLLECTIVE_SHM_CHUNK_BYTES",
             BYTES,
-            256 << 10,
-            "Largest chunk of a pipelined arena reduction (every rank of a group must "
-            "agree; the slot size bounds it too).",
+            None,
+            "Largest chunk of a pipelined arena reduction, as group rank 0 reads it (default "
+            "256 KiB when rank 0 runs the compiled arena, 1 MiB when the Python one; the "
+            "slot size bounds it too).",
         ),
         Var(
             "PYCOLLECTIVE_SHM_NT_BYTES",

@@ -33,6 +33,7 @@ from ..schedule import build as build_schedule
 from ..shm import _hostid
 from ..shm import arena as _arena
 from ..shm import collectives as _coll
+from ..shm import native as _shm_native
 from ..shm import shared as _shared
 from ..shm.arena import Arena, Segment
 from ..transport import _wire
@@ -307,6 +308,7 @@ def _setup(
                 record[17] = 1
                 record[24:32] = np.frombuffer(np.int64(slot_bytes).tobytes(), np.uint8)
                 arena = Arena(segment, p, 0, slot_bytes, cores, ranks)
+                arena.chunk_bytes = _arena.chunk_bytes_for(_shm_native.enabled(_wire.KIND_CODE))
                 arena.init_header()
             text = note.encode()[: _RECORD - _NAME_AT]
             record[_NAME_AT : _NAME_AT + len(text)] = np.frombuffer(text, np.uint8)

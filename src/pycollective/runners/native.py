@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from .. import _config
 from .._reduce_ops import ReduceOp
 from ..observe.flight import COMPLETED, RUNNING
 from ..observe.timeline import WAIT as _WAIT
@@ -68,10 +67,8 @@ class NativeArenaRunner(BaseRunner):
         self.local_group: LocalGroup = python.local_group  # what the hierarchy and tests read
         arena = self.local_group.arena
         assert arena is not None  # noqa: S101 - set_up checks
-        # the chunk as the Python arena reads it (collectives.chunk_elements): ranks must agree
-        self.native = _shm_native.NativeArena(
-            arena, _coll.SMALL_BYTES, _config.get("PYCOLLECTIVE_SHM_CHUNK_BYTES")
-        )
+        # the group's chunk (rank 0's choice, in the arena's header): ranks must agree
+        self.native = _shm_native.NativeArena(arena, _coll.SMALL_BYTES, arena.chunk_bytes)
 
     @classmethod
     def set_up(cls, members: Members, need: Need) -> NativeArenaRunner | None:

@@ -32,9 +32,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from .. import _config
 from .._dtypes import DType
 from .._reduce_ops import ReduceOp, fused_reduce
+from . import arena as _arena
 from .arena import Arena
 
 
@@ -100,11 +100,9 @@ def reducer(op: ReduceOp, dtype: DType, divisor: int = 0) -> Reducer:
 # cache. Compiled, p=2, alternating in the same ranks: one phase 23 / 37 us at 64 / 256 KiB
 # against 36 / 66 us for the pipeline; even at 1 MiB (183 vs 198 us).
 SMALL_BYTES = 256 * 1024
-# Largest chunk of a pipelined reduction (bytes per rank and chunk; the slot size bounds it
-# too): a chunk's slots stay in cache between its reduction and its copy out, and 1 MiB
-# measured faster than 256 or 512 KiB at p=2 (per-step Python work adds up below that).
-# PYCOLLECTIVE_SHM_CHUNK_BYTES overrides.
-CHUNK_BYTES = _config.VARS["PYCOLLECTIVE_SHM_CHUNK_BYTES"].default
+# Largest chunk of a pipelined reduction by the compiled arena: arena.py chooses the
+# group's (Arena.chunk_bytes, in the header), the same for every rank.
+CHUNK_BYTES = _arena.CHUNK_BYTES_COMPILED
 ALIGN_BYTES = 64  # shares start on cache-line boundaries
 
 
@@ -117,8 +115,8 @@ def _shares(m: int, p: int, itemsize: int) -> tuple[int, ...]:
 
 
 def chunk_elements(arena: Arena, itemsize: int) -> int:
-    """Elements per chunk of a pipelined reduction: one slot, at most CHUNK_BYTES."""
-    return max(1, min(arena.slot_bytes, _config.get("PYCOLLECTIVE_SHM_CHUNK_BYTES")) // itemsize)
+    """Elements per chunk of a pipelined reduction: one slot, at most the group's chunk."""
+    return max(1, min(arena.slot_bytes, arena.chunk_bytes) // itemsize)
 
 
 def all_reduce(

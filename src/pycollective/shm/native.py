@@ -44,8 +44,9 @@ BUDGET_NS = 1_000_000  # how long C waits before handing back to Python for a po
 # (they skip reading the destination in first, and leave the cache alone): they pay only
 # once the call's data no longer stays in cache, so the default is the L3's size. On a
 # 32 MiB-L3 host, pinned p=2 all_reduce, alternating: 64 MiB 8.6 ms with them, 12.7 ms
-# without, 16 MiB 2.1 / 1.6 ms. On this VM's 260 MiB L3 (load 11-13, alternating, medians
-# of 15): 32 MiB 59 ms with them, 48 ms without; 64 MiB 146 / 107 ms.
+# without, 16 MiB 2.1 / 1.6 ms. On this VM's 260 MiB L3, alternating (load 11-13 and
+# 17, medians of 15 and 11; benchmarks/results/arena_variants.jsonl): 32 MiB 59 / 149 ms
+# with them from 32 MiB, 48 / 107 ms without; 64 MiB 154 / 291 ms and 107 / 229 ms.
 # PYCOLLECTIVE_SHM_NT_BYTES overrides.
 NT_FALLBACK_BYTES = 32 << 20
 _CACHES = "/sys/devices/system/cpu/cpu0/cache"
