@@ -20,7 +20,9 @@ Per call and rank: wall time, the process's CPU time (all its threads), the time
 blocked waiting for peers (select() and the arena's waits, as the timeline measures it:
 observe/timeline.WAIT) and context switches; for auto and leaders the same per phase
 (the hierarchy's steps, timed by wrapping them in this process only). What is left of
-the wall after CPU and blocking is time spent runnable without a core. Printed: medians
+the wall after CPU and blocking is time spent runnable without a core. Beside them, the
+machine's busy and softirq CPU seconds over the call (/proc/stat, every process's: the
+other jobs' too), to see work done for the call outside its processes. Printed: medians
 over calls of rank 0's numbers (the slowest rank's wall per call for the totals), each run
 with the load around it. PYCOLLECTIVE_* variables set here reach every rank.
 """
@@ -44,6 +46,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 MODES = ("auto", "leaders", "ring", "gloo")
+KEYS = ("wall", "cpu", "blocked", "csw", "machine_busy", "machine_softirq")
 
 
 def _parse_size(text: str) -> int:
@@ -68,15 +71,26 @@ def _rank(cfg: dict) -> None:
     phases: dict[str, list[float]] = {}
     leaders = [False]
 
-    def sample() -> tuple[float, float, float, int]:
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def machine() -> tuple[float, float]:
+        """The whole machine's CPU seconds so far: busy (user, nice, system, irq,
+        softirq) and of those softirq (the kernel's packet work, wherever it ran)."""
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:8]]
+        return (v[0] + v[1] + v[2] + v[5] + v[6]) / tick, v[6] / tick
+
+    def sample() -> tuple[float, float, float, int, float, float]:
         r = resource.getrusage(resource.RUSAGE_SELF)
-        return time.perf_counter(), time.process_time(), WAIT.total, r.ru_nvcsw + r.ru_nivcsw
+        busy, softirq = machine()
+        return (time.perf_counter(), time.process_time(), WAIT.total,
+                r.ru_nvcsw + r.ru_nivcsw, busy, softirq)  # fmt: skip
 
     def timed(name: str, fn, *a, **k):
         s0 = sample()
         out = fn(*a, **k)
         s1 = sample()
-        for key, v0, v1 in zip(("wall", "cpu", "blocked", "csw"), s0, s1, strict=True):
+        for key, v0, v1 in zip(KEYS, s0, s1, strict=True):
             phases.setdefault(f"{name}:{key}", []).append(v1 - v0)
         return out
 
@@ -125,7 +139,7 @@ def _rank(cfg: dict) -> None:
                 else:
                     dist.all_reduce(x, algorithm="ring" if mode == "ring" else None)
                 s1 = sample()
-                for key, v0, v1 in zip(("wall", "cpu", "blocked", "csw"), s0, s1, strict=True):
+                for key, v0, v1 in zip(KEYS, s0, s1, strict=True):
                     rows[mode].setdefault(key, []).append(v1 - v0)
                 for key, v in phases.items():
                     rows[mode].setdefault(key, []).append(sum(v))
@@ -199,7 +213,7 @@ def _one_run(args: argparse.Namespace, per_host: int) -> dict:
 def _print_run(run: dict, per_host: int) -> None:
     print(f"\n2 hosts x {per_host} rank(s), load {run['load'][0]:.1f} -> {run['load'][1]:.1f}")
     print(f"{'size/mode':<22} {'phase':<16} {'wall ms':>9} {'cpu ms':>8} {'blocked':>8} "
-          f"{'no core':>8} {'csw':>6}")  # fmt: skip
+          f"{'no core':>8} {'csw':>6} {'machine':>8} {'softirq':>8}")  # fmt: skip
     for key, cell in run["cells"].items():
         names = ["total"] + sorted({k.split(":")[0] for k in cell if ":" in k})
         for name in names:
@@ -208,7 +222,9 @@ def _print_run(run: dict, per_host: int) -> None:
             cpu, blocked = cell[pre + "cpu"], cell[pre + "blocked"]
             rest = max(0.0, cell[pre + "wall"] - cpu - blocked)
             print(f"{key:<22} {name:<16} {wall * 1e3:9.1f} {cpu * 1e3:8.1f} "
-                  f"{blocked * 1e3:8.1f} {rest * 1e3:8.1f} {cell[pre + 'csw']:6.0f}")  # fmt: skip
+                  f"{blocked * 1e3:8.1f} {rest * 1e3:8.1f} {cell[pre + 'csw']:6.0f} "
+                  f"{cell[pre + 'machine_busy'] * 1e3:8.0f} "
+                  f"{cell[pre + 'machine_softirq'] * 1e3:8.0f}")  # fmt: skip
     print("per rank, wall ms (blocked ms) of each phase:")
     for r, cells in sorted(run["ranks"].items()):
         parts = []
