@@ -22,7 +22,9 @@ observe/timeline.WAIT) and context switches; for auto and leaders the same per p
 (the hierarchy's steps, timed by wrapping them in this process only). What is left of
 the wall after CPU and blocking is time spent runnable without a core. Beside them, the
 machine's busy and softirq CPU seconds over the call (/proc/stat, every process's: the
-other jobs' too), to see work done for the call outside its processes. Printed: medians
+other jobs' too), to see work done for the call outside its processes, and the seconds
+the rank's threads spent runnable on a run queue (schedstat, summed over its threads;
+unlike "blocked", also seen for gloo). Printed: medians
 over calls of rank 0's numbers (the slowest rank's wall per call for the totals), each run
 with the load around it. PYCOLLECTIVE_* variables set here reach every rank.
 """
@@ -46,7 +48,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 MODES = ("auto", "leaders", "ring", "gloo")
-KEYS = ("wall", "cpu", "blocked", "csw", "machine_busy", "machine_softirq")
+KEYS = ("wall", "cpu", "blocked", "csw", "machine_busy", "machine_softirq", "queued")
 
 
 def _parse_size(text: str) -> int:
@@ -80,11 +82,23 @@ def _rank(cfg: dict) -> None:
             v = [int(x) for x in f.readline().split()[1:8]]
         return (v[0] + v[1] + v[2] + v[5] + v[6]) / tick, v[6] / tick
 
-    def sample() -> tuple[float, float, float, int, float, float]:
+    def queued() -> float:
+        """Seconds this process's threads have waited on a run queue (runnable, no
+        core), summed over its threads (/proc/self/task/*/schedstat)."""
+        total = 0
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/schedstat") as f:
+                    total += int(f.read().split()[1])
+            except (OSError, IndexError, ValueError):
+                pass  # a thread that ended meanwhile
+        return total / 1e9
+
+    def sample() -> tuple[float, float, float, int, float, float, float]:
         r = resource.getrusage(resource.RUSAGE_SELF)
         busy, softirq = machine()
         return (time.perf_counter(), time.process_time(), WAIT.total,
-                r.ru_nvcsw + r.ru_nivcsw, busy, softirq)  # fmt: skip
+                r.ru_nvcsw + r.ru_nivcsw, busy, softirq, queued())  # fmt: skip
 
     def timed(name: str, fn, *a, **k):
         s0 = sample()
@@ -213,7 +227,7 @@ def _one_run(args: argparse.Namespace, per_host: int) -> dict:
 def _print_run(run: dict, per_host: int) -> None:
     print(f"\n2 hosts x {per_host} rank(s), load {run['load'][0]:.1f} -> {run['load'][1]:.1f}")
     print(f"{'size/mode':<22} {'phase':<16} {'wall ms':>9} {'cpu ms':>8} {'blocked':>8} "
-          f"{'no core':>8} {'csw':>6} {'machine':>8} {'softirq':>8}")  # fmt: skip
+          f"{'no core':>8} {'csw':>6} {'machine':>8} {'softirq':>8} {'queued':>7}")  # fmt: skip
     for key, cell in run["cells"].items():
         names = ["total"] + sorted({k.split(":")[0] for k in cell if ":" in k})
         for name in names:
@@ -224,7 +238,8 @@ def _print_run(run: dict, per_host: int) -> None:
             print(f"{key:<22} {name:<16} {wall * 1e3:9.1f} {cpu * 1e3:8.1f} "
                   f"{blocked * 1e3:8.1f} {rest * 1e3:8.1f} {cell[pre + 'csw']:6.0f} "
                   f"{cell[pre + 'machine_busy'] * 1e3:8.0f} "
-                  f"{cell[pre + 'machine_softirq'] * 1e3:8.0f}")  # fmt: skip
+                  f"{cell[pre + 'machine_softirq'] * 1e3:8.0f} "
+                  f"{cell[pre + 'queued'] * 1e3:7.0f}")  # fmt: skip
     print("per rank, wall ms (blocked ms) of each phase:")
     for r, cells in sorted(run["ranks"].items()):
         parts = []
