@@ -70,6 +70,9 @@ def _rank(cfg: dict) -> None:
     from pycollective.runners import hierarchical as hier
 
     WAIT.on = True  # waits add their blocked seconds to WAIT.total
+    if cfg.get("pin"):  # one core per rank, round robin over the machine's (all threads)
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[int(os.environ["OMPI_COMM_WORLD_RANK"]) % len(cpus)]})
     phases: dict[str, list[float]] = {}
     leaders = [False]
 
@@ -196,7 +199,7 @@ def _one_run(args: argparse.Namespace, per_host: int) -> dict:
         workdir = xh.private_dir()
         agent, hostfile = xh.write_launch_files(workdir, hosts, per_host)
         cfg = {
-            "sizes": args.sizes, "reps": args.reps, "modes": args.modes,
+            "sizes": args.sizes, "reps": args.reps, "modes": args.modes, "pin": args.pin,
             "addr": hosts.addrs[0], "gloo_port": 29500 + os.getpid() % 400,
             "outdir": str(workdir),
         }  # fmt: skip
@@ -265,6 +268,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--modes", default="auto,leaders,ring,gloo")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--json", help="write every run's cells here")
+    ap.add_argument(
+        "--pin", action="store_true", help="pin rank r (all its threads) to core r mod cores"
+    )
     args = ap.parse_args(argv)
     args.sizes = [_parse_size(s) for s in args.sizes.split(",")]
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
