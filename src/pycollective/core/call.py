@@ -30,7 +30,7 @@ class CallKey(NamedTuple):
     collective: str
     count: int  # type: ignore[assignment]  # shadows tuple.count, which no one calls here
     dtype: DType
-    algorithm: str | None = None  # None: PYCOLLECTIVE_ALGORITHM's choice
+    algorithm: str | None = None  # None: the configured choice (_config.algorithm_choice)
     op: ReduceOp | None = None
     root: int = 0
     header_count: int | None = None
