@@ -323,3 +323,43 @@ def test_non_temporal_threshold_is_the_l3_or_the_override(monkeypatch) -> None:
     assert native.nt_threshold() == 4096
     monkeypatch.setattr(native, "_CACHES", "/nonexistent")
     assert native.l3_bytes() is None
+
+
+class _LeavingPeer:
+    """A transport whose peer (rank 1) is gone; `arrive` runs when the loss is first read,
+    as a peer that passed the phase and then exited would have done just before."""
+
+    def __init__(self, arrive) -> None:
+        self.arrive = arrive
+
+    def check_group(self, *args) -> None:
+        pass
+
+    def lost_peers(self) -> dict[int, str]:
+        if self.arrive is not None:
+            self.arrive()
+            self.arrive = None
+        return {1: "connection closed by peer"}
+
+
+def test_a_peer_that_arrived_and_then_exited_is_not_lost_to_the_call() -> None:
+    """The wait's poll reads who lags, then who is lost: a peer that passed the phase in
+    between and exited (a job's last barrier) must not fail the call; one that still lags
+    when its loss is seen must."""
+    from pycollective._errors import TransportError
+    from pycollective.runners.arena import LocalGroup
+    from pycollective.transport._wire import DATA, Header
+
+    seg = arena.Segment.create(arena.layout(2, 4096)[2])
+    seg.unlink()
+    me, peer = arena.Arena(seg, 2, 0, 4096), arena.Arena(seg, 2, 1, 4096)
+    header = Header(DATA, 9, 2, 0, 3, 7, 10, 0, 0, 1, 0)
+    target = me.bump()
+
+    group = LocalGroup(me, (0, 1), 7, _LeavingPeer(peer.bump))
+    group._poller(header, time.monotonic() + 60, "barrier", check_calls=False)(target)
+
+    target = me.bump()  # the next phase, which the peer never reaches
+    group = LocalGroup(me, (0, 1), 7, _LeavingPeer(None))
+    with pytest.raises(TransportError, match="rank 0 lost rank 1"):
+        group._poller(header, time.monotonic() + 60, "barrier", check_calls=False)(target)

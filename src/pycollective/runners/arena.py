@@ -218,10 +218,14 @@ class LocalGroup:
             if transport is not None:
                 transport.check_group(self.group_id, header.seq, header)
                 lost = transport.lost_peers()
-                for q in lagging:
-                    g = self.ranks[q]
-                    if g in lost:
-                        raise TransportError(f"rank {me} lost rank {g}: {lost[g]}", peer=g)
+                if lost and any(self.ranks[q] in lost for q in lagging):
+                    # A peer may have arrived since `lagging` was read, then finished and
+                    # exited (a job's last barrier): only one that still lags now that its
+                    # loss is seen is lost to this call.
+                    for q in arena.lagging(target):
+                        g = self.ranks[q]
+                        if g in lost:
+                            raise TransportError(f"rank {me} lost rank {g}: {lost[g]}", peer=g)
             if time.monotonic() >= deadline and lagging:
                 waiting = [self.ranks[q] for q in lagging]
                 doing = "; ".join(self._last_doing(q, header) for q in lagging)
