@@ -66,8 +66,10 @@ def test_a_count_mismatch_after_repeated_calls_raises_on_both_ranks() -> None:
         assert call["elapsed"] < 5.0, describe(r)
         before, after = tagged(r, "FAST")
         assert before["calls"] == 4, describe(r)  # the first call ran the regular path
-        if r.rank == 0:  # rank 1's call is another signature: the regular path
-            assert after["handed"] == before["handed"] + 1, describe(r)
+        # Rank 0's call is a repeated signature: its swap path either started it and handed
+        # it to Python on the peer's mismatched frame, or declined it (the frame was already
+        # there, which timing decides); rank 1's call is another signature: the regular path.
+        assert after["handed"] - before["handed"] in ((0, 1) if r.rank == 0 else (0,)), describe(r)
 
 
 @pytest.mark.timeout(60)
