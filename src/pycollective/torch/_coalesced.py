@@ -10,7 +10,7 @@ asynchronous nature is already set.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as tdist
 
@@ -19,14 +19,12 @@ import torch
 from .._errors import UsageError
 from ..api import collectives as _api
 from ._forms import asynchronous, contiguous, one_dtype, op_of, paired, tensors_of, timeout_of
+from ._group import BackendGroup
 from ._views import dense
 from ._work import completed, join
 
-if TYPE_CHECKING:
-    from ._backend import PycollectiveProcessGroup
 
-
-def allreduce_coalesced(pg: PycollectiveProcessGroup, tensors: Any, opts: Any = None) -> tdist.Work:
+def allreduce_coalesced(pg: BackendGroup, tensors: Any, opts: Any = None) -> tdist.Work:
     """One all-reduce over the tensors laid end to end, then copied back."""
     tensors = tensors_of(tensors, "allreduce_coalesced tensors")
     if not tensors:
@@ -49,7 +47,7 @@ def allreduce_coalesced(pg: PycollectiveProcessGroup, tensors: Any, opts: Any = 
 
 
 def allgather_coalesced(
-    pg: PycollectiveProcessGroup, output_lists: Any, input_list: Any, opts: Any = None
+    pg: BackendGroup, output_lists: Any, input_list: Any, opts: Any = None
 ) -> tdist.Work:
     """output_lists[r][j] receives rank r's input_list[j] (torch's all_gather_coalesced
     layout: one list per rank, each as long as the inputs)."""
@@ -95,7 +93,7 @@ def allgather_coalesced(
 
 
 def allgather_into_tensor_coalesced(
-    pg: PycollectiveProcessGroup,
+    pg: BackendGroup,
     outputs: list[torch.Tensor],
     inputs: list[torch.Tensor],
     opts: Any = None,
@@ -122,7 +120,7 @@ def allgather_into_tensor_coalesced(
 
 
 def reduce_scatter_tensor_coalesced(
-    pg: PycollectiveProcessGroup,
+    pg: BackendGroup,
     outputs: list[torch.Tensor],
     inputs: list[torch.Tensor],
     opts: Any = None,

@@ -5,22 +5,18 @@ not arrive. The group's methods (torch/_backend.py) call these inside `torch_cal
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as tdist
 
 from .._errors import CollectiveError, CollectiveTimeout
 from ..api import p2p as _api_p2p
 from ._forms import one, tensors_of
+from ._group import BackendGroup
 from ._views import Staged
 
-if TYPE_CHECKING:
-    from ._backend import PycollectiveProcessGroup
 
-
-def monitored_barrier(
-    pg: PycollectiveProcessGroup, timeout: Any = None, wait_all_ranks: bool = False
-) -> None:
+def monitored_barrier(pg: BackendGroup, timeout: Any = None, wait_all_ranks: bool = False) -> None:
     """A barrier that names the ranks that did not arrive, with gloo's messages.
 
     torch's `dist.monitored_barrier` refuses every backend not named "gloo" before it
@@ -60,20 +56,20 @@ def monitored_barrier(
         ) from exc
 
 
-def send(pg: PycollectiveProcessGroup, tensors: Any, dst: int, tag: int = 0) -> tdist.Work:
+def send(pg: BackendGroup, tensors: Any, dst: int, tag: int = 0) -> tdist.Work:
     t = Staged().inp(one(tensors_of(tensors, "send"), "send"), "send tensor")
     work = _api_p2p.isend(t, group=pg._pg, tag=tag, group_dst=dst)
     return pg._work([work], None, tensors)
 
 
-def recv(pg: PycollectiveProcessGroup, tensors: Any, src: int, tag: int = 0) -> tdist.Work:
+def recv(pg: BackendGroup, tensors: Any, src: int, tag: int = 0) -> tdist.Work:
     staged = Staged()
     t = staged.out(one(tensors_of(tensors, "recv"), "recv"), "recv tensor")
     work = _api_p2p.irecv(t, group=pg._pg, tag=tag, group_src=src)
     return pg._work([work], staged.finish(), tensors)
 
 
-def recv_anysource(pg: PycollectiveProcessGroup, tensors: Any, tag: int = 0) -> tdist.Work:
+def recv_anysource(pg: BackendGroup, tensors: Any, tag: int = 0) -> tdist.Work:
     staged = Staged()
     t = staged.out(one(tensors_of(tensors, "recv"), "recv"), "recv tensor")
     work = _api_p2p.irecv(t, None, group=pg._pg, tag=tag)
