@@ -29,6 +29,7 @@ from pycollective._errors import TransportError
 from pycollective.runners import arena as _runner
 from pycollective.runners.executor import ScratchPool
 from pycollective.shm import arena as _arena
+from pycollective.shm import collectives as _collectives
 from pycollective.shm import shared as _shared
 from pycollective.transport import _wire
 
@@ -239,3 +240,28 @@ def test_attach_refuses_names_the_library_never_makes() -> None:
     for name in ("pycollective-x", "pycollective-0-0-0-abcdefabcdef/..", "../pycollective-0"):
         with pytest.raises(OSError, match="not a pycollective segment name"):
             _arena.Segment.attach(name, 10)
+
+
+def test_the_group_chunk_travels_in_the_header_and_is_checked() -> None:
+    """Rank 0's chunk reaches every rank through the header (a compiled and a Python rank
+    then cut a call alike); a chunk no library would write is refused."""
+    seg = _arena.Segment.create(_arena.layout(2, 4096)[2])
+    try:
+        other = _arena.Segment.attach(seg.name, seg.nbytes)
+        a0, a1 = _arena.Arena(seg, 2, 0, 4096), _arena.Arena(other, 2, 1, 4096)
+        a0.chunk_bytes = 2000
+        a0.init_header()
+        a1.check_header()
+        assert a1.chunk_bytes == 2000
+        assert _collectives.chunk_elements(a1, 4) == 500
+        a0.chunk_bytes = 1 << 20
+        a0.init_header()
+        a1.check_header()
+        assert _collectives.chunk_elements(a1, 4) == 1024  # the 4 KiB slot bounds it
+        for bad in (0, -1, _arena.MAX_SLOT_BYTES + 1):
+            a0.chunk_bytes = bad
+            a0.init_header()
+            with pytest.raises(ValueError, match="chunk"):
+                a1.check_header()
+    finally:
+        seg.unlink()

@@ -43,31 +43,6 @@ def test_segment_lives_as_long_as_a_mapping_not_the_name() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_the_group_chunk_travels_in_the_header_and_is_checked() -> None:
-    """Rank 0's chunk reaches every rank through the header (a compiled and a Python rank
-    then cut a call alike); a chunk no library would write is refused."""
-    seg = arena.Segment.create(arena.layout(2, 4096)[2])
-    try:
-        other = arena.Segment.attach(seg.name, seg.nbytes)
-        a0, a1 = arena.Arena(seg, 2, 0, 4096), arena.Arena(other, 2, 1, 4096)
-        a0.chunk_bytes = 2000
-        a0.init_header()
-        a1.check_header()
-        assert a1.chunk_bytes == 2000
-        assert collectives.chunk_elements(a1, 4) == 500
-        a0.chunk_bytes = 1 << 20
-        a0.init_header()
-        a1.check_header()
-        assert collectives.chunk_elements(a1, 4) == 1024  # the 4 KiB slot bounds it
-        for bad in (0, -1, arena.MAX_SLOT_BYTES + 1):
-            a0.chunk_bytes = bad
-            a0.init_header()
-            with pytest.raises(ValueError, match="chunk"):
-                a1.check_header()
-    finally:
-        seg.unlink()
-
-
 def test_rank_0_chooses_the_chunk_for_its_arena(monkeypatch) -> None:
     monkeypatch.delenv("PYCOLLECTIVE_SHM_CHUNK_BYTES", raising=False)
     assert arena.chunk_bytes_for(True) == arena.CHUNK_BYTES_COMPILED == 256 << 10
