@@ -117,14 +117,14 @@ def test_an_early_frame_claiming_a_gigabyte_allocates_what_arrived() -> None:
         conn = t._conns[1]
         while conn.got < 1000 and time.monotonic() < deadline:
             t.check_group(3)
-        assert conn.stash is not None and conn.stash.nbytes <= tcp.STASH_FIRST
+        assert conn.stash is not None and conn.stash.allocated <= tcp.STASH_FIRST
         assert conn.lost is None
         more = threading.Thread(target=peer.sendall, args=(bytes(3 << 20),))
-        more.start()  # more comes: the buffer grows as it does
+        more.start()  # more comes: the stash grows as it does
         while conn.got < 1000 + (3 << 20) and time.monotonic() < deadline:
             t.check_group(3)
         more.join(5)
-        assert tcp.STASH_FIRST < conn.stash.nbytes <= 8 << 20
+        assert tcp.STASH_FIRST < conn.stash.allocated <= 8 << 20
     finally:
         t.close()
         peer.close()

@@ -4,8 +4,6 @@ payload is the message (bounded). Sans-IO: the transport sends and reads the fra
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..._errors import (
     CollectiveError,
     CollectiveTimeout,
@@ -49,7 +47,7 @@ def encode(error: CollectiveError, group: int, seq: int) -> bytes:
     return header.pack() + reason
 
 
-def decode(peer: int, header: Header, payload: np.ndarray | None) -> CollectiveError:
+def decode(peer: int, header: Header, payload: bytes | None) -> CollectiveError:
     """The error an ABORT frame from `peer` reports (its payload None if it had none)."""
     reason = bytes(payload).decode("utf-8", "replace") if payload is not None else ""
     cls = ERROR_TYPES.get(header.kind, CollectiveError)

@@ -10,10 +10,9 @@ import ssl
 from collections import deque
 from typing import Any
 
-import numpy as np
-
 from .._base import InMessage, OutMessage
 from .._wire import Header
+from .stash import Stash
 
 RBUF_BYTES = 64 * 1024  # each connection's read buffer
 
@@ -58,7 +57,7 @@ class Conn:
         self.left = 0  # bytes of a sink's payload not yet given a piece of the window
         self.cur: Header | None = None  # header of the payload being read
         self.target: InMessage | None = None  # where it goes, if a receive was posted
-        self.stash: np.ndarray | None = None  # else, where it is kept
+        self.stash: Stash | None = None  # else, where it is kept
         self.view: memoryview | None = None
         self.got = 0
         self.outq: deque[OutMessage] = deque()

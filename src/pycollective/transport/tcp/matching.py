@@ -7,8 +7,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator, Sequence
 
-import numpy as np
-
 from ..._errors import MismatchError
 from .. import _wire
 from .._base import ANY_SOURCE, InMessage, OutMessage
@@ -17,12 +15,13 @@ from . import aborts
 from .conn import Conn as _Conn
 from .receiving import SINK_BYTES, Receiving
 from .sending import Sending
+from .stash import FIRST_PIECE, Stash
 
 MAX_FRAME_BYTES = 1 << 40  # a peer's length beyond this is a protocol error, not a malloc
 # Messages that come before their receive are kept, up to PYCOLLECTIVE_MAX_EARLY_BYTES
-# in all (counted as the peer announces them); each one's buffer starts at STASH_FIRST
-# bytes and doubles as its bytes arrive, so an announcement alone allocates little.
-STASH_FIRST = 1 << 20
+# in all (counted as the peer announces them), in a Stash whose pieces grow as its bytes
+# arrive (stash.py): an announcement alone allocates at most STASH_FIRST bytes.
+STASH_FIRST = FIRST_PIECE
 
 
 class Matching(Receiving, Sending):
@@ -64,8 +63,8 @@ class Matching(Receiving, Sending):
                     "(PYCOLLECTIVE_MAX_EARLY_BYTES)",
                 )
                 return
-            conn.stash = np.empty(min(header.nbytes, STASH_FIRST), dtype=np.uint8)
-            conn.view = memoryview(conn.stash).cast("B")
+            conn.stash = Stash(header.nbytes, self._stash_pool)
+            conn.view = conn.stash.grow()
             self._unexpected_bytes += header.nbytes
         if header.nbytes == 0:
             self._on_payload(conn)
@@ -83,7 +82,7 @@ class Matching(Receiving, Sending):
             return
         if header.frame == _wire.ABORT:
             self._unexpected_bytes -= header.nbytes
-            error = aborts.decode(conn.peer, header, stash)
+            error = aborts.decode(conn.peer, header, None if stash is None else bytes(stash))
             if header.seq < self._abort_seq.get(header.group, header.seq + 1):
                 # the earliest collective that failed is the one to report
                 self._aborted[header.group] = error
@@ -97,7 +96,7 @@ class Matching(Receiving, Sending):
             late = self._match(conn.peer, header)
             if late is not None:
                 self._unexpected_bytes -= header.nbytes
-                _deliver(late, memoryview(stash))
+                _deliver(late, stash)
                 self._complete(late, conn.peer, header)
             else:
                 self._unexpected.setdefault(header.key, deque()).append((conn.peer, header, stash))
@@ -165,12 +164,14 @@ class Matching(Receiving, Sending):
                 or conn.lost is not None
             ):
                 continue
-            got = conn.got
+            got = conn.stash.before_last + conn.got  # what landed
             if m.sink is not None and got % m.align:
                 continue  # a piece would split an item: delivered whole when it is in
             self._calls.check_match(conn.peer, header, m.expect, m.dest.nbytes)
             if got:
-                _deliver(m, conn.stash[:got])
+                _deliver(m, conn.stash, got)
+            else:
+                conn.stash.release()
             self._unexpected_bytes -= header.nbytes
             conn.stash = None
             self._target(conn, m, header.nbytes, got)
@@ -229,11 +230,16 @@ class Matching(Receiving, Sending):
             self._send_probe(peer, reply)
 
 
-def _deliver(m: InMessage, payload: memoryview | np.ndarray) -> None:
-    """Hand a payload that was kept aside (it came early) to its receive."""
-    data = payload if isinstance(payload, memoryview) else memoryview(payload)
+def _deliver(m: InMessage, stash: Stash, upto: int | None = None) -> None:
+    """Hand what was kept of a message that came early (its first `upto` bytes, or all)
+    to its receive, and give the stash's memory back to its pool."""
     if m.sink is not None:
-        for lo in range(0, data.nbytes, SINK_BYTES):
-            m.sink(data[lo : lo + SINK_BYTES])
+        for part in stash.parts(upto):  # whole pieces: 1 MiB multiples, items never split
+            for lo in range(0, part.nbytes, SINK_BYTES):
+                m.sink(part[lo : lo + SINK_BYTES])
     else:
-        m.dest[: data.nbytes] = data
+        dest = m.dest
+        if dest.format != "B" or dest.ndim != 1:
+            dest = dest.cast("B")
+        stash.copy_into(dest, upto)
+    stash.release()

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import ssl
 
-import numpy as np
-
 from .. import _wire
 from .._base import InMessage
 from .conn import RBUF_BYTES as _RBUF_BYTES
@@ -137,20 +135,13 @@ class Receiving(TransportState):
             if target.on_data is not None:
                 target.on_data(conn.got)
         if conn.got == conn.view.nbytes:  # type: ignore[union-attr]
-            if conn.stash is not None and conn.got < conn.cur.nbytes:  # type: ignore[union-attr]
-                self._grow_stash(conn)
+            stash = conn.stash
+            if stash is not None and stash.before_last + conn.got < stash.nbytes:
+                # the early message's piece is full and more is coming: the next piece
+                conn.view = stash.grow()
+                conn.got = 0
                 return
             self._on_payload(conn)
-
-    @staticmethod
-    def _grow_stash(conn: _Conn) -> None:
-        """The early message's buffer is full and more is coming: double it (to its size)."""
-        old = conn.stash
-        assert old is not None and conn.cur is not None  # noqa: S101
-        new = np.empty(min(2 * old.size, conn.cur.nbytes), dtype=np.uint8)
-        new[: old.size] = old
-        conn.stash = new
-        conn.view = memoryview(new).cast("B")
 
     @staticmethod
     def _target(conn: _Conn, m: InMessage, nbytes: int, got: int = 0) -> None:

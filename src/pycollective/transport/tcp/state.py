@@ -8,8 +8,6 @@ from __future__ import annotations
 import socket
 from collections import deque
 
-import numpy as np
-
 from ... import _config
 from ..._errors import CollectiveError, TransportError, UsageError
 from .._base import ANY_SOURCE, InMessage, Transport
@@ -18,6 +16,7 @@ from .._wire import Header
 from .conn import Conn as _Conn
 from .conn import Poller as _Poller
 from .sender import SendHelper
+from .stash import Stash, StashPool
 
 SPIN_SECONDS = 50e-6  # how long an exchange first polls without blocking (progress.py)
 
@@ -42,7 +41,8 @@ class TransportState(Transport):
         self._posted: dict[tuple[int, tuple], deque[InMessage]] = {}
         self._posted_any: dict[tuple, deque[InMessage]] = {}
         # Messages that arrived before their receive: key -> [(peer, header, payload)].
-        self._unexpected: dict[tuple, deque[tuple[int, Header, np.ndarray]]] = {}
+        self._unexpected: dict[tuple, deque[tuple[int, Header, Stash]]] = {}
+        self._stash_pool = StashPool()  # their memory, reused
         self._unexpected_bytes = 0
         self._aborted: dict[int, CollectiveError] = {}  # group id -> the error a peer reported
         self._abort_seq: dict[int, int] = {}  # group id -> the collective that failed

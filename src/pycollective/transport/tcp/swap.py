@@ -81,7 +81,8 @@ class Swapping(Progress):
             self._sel.modify(sock, conn, True)
             conn.writing = True
         if early is not None:
-            into[:] = memoryview(early)
+            early.copy_into(into)
+            early.release()
             if out.done:
                 return SWAP_DONE
             self._swap = (None, header, (out,), (InMessage(peer, header, into, done=True),), False)
