@@ -75,7 +75,24 @@ class Mpi:
         pass  # mpi4py finalizes at exit
 
 
+class OursShared(bw._Ours):
+    """pycollective's all_reduce on buffers from `pycollective.empty` (shared memory):
+    every rank's buffer is one, so the arena reduces straight from the peers' buffers
+    instead of copying through its slots (as an MPI user allocates with MPI_Alloc_mem).
+    all_reduce only: the other collectives copy through the arena either way."""
+
+    def algorithms(self, collective: str, wanted: list[str]) -> list[str]:
+        return super().algorithms(collective, wanted) if collective == "all_reduce" else []
+
+    def empty(self, n: int, dtype: str) -> Any:
+        buf = self.dist.empty(n, bw.numpy_dtype(dtype))
+        buf[:] = 0
+        return buf
+
+
 def make_backend(name: str, spec: dict) -> Any:
+    if name == "shm_shared":
+        return OursShared(name, spec)
     if name == "openmpi":
         return Mpi(name, spec)
     if name == "deepspeed":  # only in the DeepSpeed venv's Python (compare_peers.py)

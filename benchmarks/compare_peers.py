@@ -78,7 +78,15 @@ DEFAULT_JSON = HERE / "results" / "compare_peers.json"
 APT = ("openmpi-bin", "libopenmpi-dev")
 
 # Columns of every table: (key, how a job's record is recognised: transport, algorithm).
-COLUMNS = ("pycollective", "gloo", "openmpi", "openmpi_in_place", "deepspeed")
+# pycollective_shared: the one-host job's all_reduce on buffers from pycollective.empty
+COLUMNS = (
+    "pycollective",
+    "pycollective_shared",
+    "gloo",
+    "openmpi",
+    "openmpi_in_place",
+    "deepspeed",
+)
 _COLUMN_OF = {
     ("gloo", "gloo"): "gloo",
     ("openmpi", "out_of_place"): "openmpi",
@@ -98,6 +106,7 @@ class Job:
     mpi_args: tuple[str, ...] = ()
     headers: dict[str, str] = field(default_factory=dict)
     deepspeed: bool = False  # DeepSpeed's shm all-reduce takes part (in its venv's Python)
+    shared: bool = False  # ours also on shared buffers (pycollective.empty), all_reduce
     per_host: int = 0  # > 0: the cross-host job, this many ranks on each of two hosts
 
 
@@ -416,6 +425,8 @@ def build_rows(job: Job, result: dict) -> list[dict]:
         )
         if r["transport"] == job.ours:
             column = "pycollective"
+        elif r["transport"] == "shm_shared":
+            column = "pycollective_shared"
         else:
             column = _COLUMN_OF.get((r["transport"], r["algorithm"]))
         if column is None:
@@ -437,6 +448,7 @@ def build_rows(job: Job, result: dict) -> list[dict]:
         mpi = cols["openmpi_in_place"] or cols["openmpi"]
         row["vs_openmpi"] = _ratio(mpi, cols["pycollective"])
         row["vs_deepspeed"] = _ratio(cols["deepspeed"], cols["pycollective"])
+        row["shared_vs_openmpi"] = _ratio(mpi, cols["pycollective_shared"])
         if row["collective"] == "all_reduce":
             row["vs_openmpi_out_of_place"] = _ratio(cols["openmpi"], cols["pycollective"])
     return list(rows.values())
@@ -465,14 +477,23 @@ def _x(v: float | None) -> str:
 
 
 def markdown_table(job: Job, rows: list[dict], skipped: dict[str, str]) -> list[str]:
-    columns = [c for c in COLUMNS if c != "deepspeed" or job.deepspeed]
+    columns = [
+        c
+        for c in COLUMNS
+        if (c != "deepspeed" or job.deepspeed) and (c != "pycollective_shared" or job.shared)
+    ]
     heads = [job.headers.get(c, c) for c in columns]
     vs = " | vs DeepSpeed" if job.deepspeed else ""
+    shared = " | shared vs OpenMPI" if job.shared else ""
     lines = [
         f"**{job.title}**",
         "",
-        "| collective | size | " + " | ".join(heads) + f" | vs gloo | vs OpenMPI{vs} |",
-        "|---|--:|" + "--:|" * len(columns) + "--:|--:|" + ("--:|" if vs else ""),
+        "| collective | size | " + " | ".join(heads) + f" | vs gloo | vs OpenMPI{vs}{shared} |",
+        "|---|--:|"
+        + "--:|" * len(columns)
+        + "--:|--:|"
+        + ("--:|" if vs else "")
+        + ("--:|" if shared else ""),
     ]
     for row in rows:
         cells = [_cell(row["columns"][c], row["bytes"]) for c in columns]
@@ -484,6 +505,7 @@ def markdown_table(job: Job, rows: list[dict], skipped: dict[str, str]) -> list[
             + " | ".join(cells)
             + f" | {_x(row['vs_gloo'])} | {_x(row['vs_openmpi'])} |"
             + (f" {_x(row['vs_deepspeed'])} |" if vs else "")
+            + (f" {_x(row['shared_vs_openmpi'])} |" if shared else "")
         )
     for backend, why in skipped.items():
         lines.append(f"\n{backend} left out: {why}")
@@ -765,6 +787,18 @@ def targets(rows: list[dict], big: int, crowded: int) -> list[dict]:
         1.5,
     )
     goal(
+        "all_reduce 1, 4, 16 MiB vs OpenMPI (issue 20)",
+        [r for r in ar if r["bytes"] in (1 << 20, 4 << 20, 16 << 20)],
+        "vs_openmpi",
+        1.5,
+    )
+    goal(
+        "all_reduce 1, 4, 16 MiB on shared buffers vs OpenMPI",
+        [r for r in ar if r["bytes"] in (1 << 20, 4 << 20, 16 << 20)],
+        "shared_vs_openmpi",
+        1.5,
+    )
+    goal(
         "all_reduce 64 KiB and up vs DeepSpeed",
         [r for r in ar if r["bytes"] >= 64 << 10],
         "vs_deepspeed",
@@ -864,7 +898,11 @@ def plan_jobs(args: argparse.Namespace) -> list[Job]:
                 ("reduce_scatter", [args.big]),
             ],
             "shm",
-            headers={"openmpi_in_place": "OpenMPI in place"},
+            headers={
+                "openmpi_in_place": "OpenMPI in place",
+                "pycollective_shared": "pycollective, shared buffers",
+            },
+            shared=True,
         ),
         "tcp": Job(
             "tcp",
@@ -1092,7 +1130,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"# run {run + 1} of {args.runs}", flush=True)
             run_rows: list[dict] = []
             for job in jobs:
-                extra = ["deepspeed"] if job.deepspeed else []
+                extra = (["shm_shared"] if job.shared else []) + (
+                    ["deepspeed"] if job.deepspeed else []
+                )
                 res = run_job(job, [job.ours, *backends_all, *extra], mpirun, args)
                 res["skipped"] = skipped
                 if run == 0 or "error" in res:
