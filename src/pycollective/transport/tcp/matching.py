@@ -63,8 +63,8 @@ class Matching(Receiving, Sending):
                     "(PYCOLLECTIVE_MAX_EARLY_BYTES)",
                 )
                 return
-            conn.stash = Stash(header.nbytes, self._stash_pool)
-            conn.view = conn.stash.grow()
+            conn.stash = stash = Stash(header.nbytes, self._stash_pool)
+            conn.view = stash.first
             self._unexpected_bytes += header.nbytes
         if header.nbytes == 0:
             self._on_payload(conn)

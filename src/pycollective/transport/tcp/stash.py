@@ -1,12 +1,13 @@
 """Where a message that came before its receive is kept until it is asked for.
 
-Its bytes land in pieces that grow as they arrive (1 MiB, then twice the last, up to
-8 MiB), so a peer's announcement alone allocates little (a length a peer sends is never
-trusted with memory) and growing copies nothing: a stash that doubled one array copied
-about half of every large early message once more, and page-faulted fresh memory for
-it, on each call of a two-rank ring (its second half is sent while the peer still
-reduces the first). Pieces of the standard sizes go back to the transport's pool when
-their message is delivered, so the next early message reuses memory already mapped.
+A message under 1 MiB lands in one bytearray of its size. A larger one lands in pieces
+that grow as its bytes arrive (1 MiB, then twice the last, up to 8 MiB), so a peer's
+announcement alone allocates little (a length a peer sends is never trusted with memory)
+and growing copies nothing: a stash that doubled one array copied about half of every
+large early message once more, and page-faulted fresh memory for it, on each call of a
+two-rank ring (its second half is sent while the peer still reduces the first). Pieces
+of the standard sizes go back to the transport's pool when their message is delivered,
+so the next early message reuses memory already mapped.
 """
 
 from __future__ import annotations
@@ -53,43 +54,49 @@ class StashPool:
 
 class Stash:
     """One early message's bytes, in the order they came. `nbytes` is the message's size;
-    `grow` gives the piece the next bytes go to once the last one is full."""
+    `first` is where its first bytes go, and `grow` gives the piece the next bytes go to
+    once the last one is full."""
 
-    __slots__ = ("nbytes", "before_last", "_pieces", "_views", "_pool")
+    __slots__ = ("nbytes", "before_last", "first", "_pieces", "_views", "_pool")
 
     def __init__(self, nbytes: int, pool: StashPool) -> None:
         self.nbytes = nbytes
         self.before_last = 0  # bytes in the pieces before the last
-        self._pieces: list[np.ndarray] = []
-        self._views: list[memoryview] = []
         self._pool = pool
+        self._pieces: list[np.ndarray] | None
+        self._views: list[memoryview] | None
+        if nbytes < FIRST_PIECE:  # the common case, kept as cheap as one bytearray
+            self.first = memoryview(bytearray(nbytes))
+            self._pieces = self._views = None
+        else:
+            piece = pool.take(FIRST_PIECE)
+            self.first = memoryview(piece)
+            self._pieces = [piece]
+            self._views = [self.first]
 
     def grow(self) -> memoryview:
-        """The next piece (the first, or one more after the last filled up)."""
-        pieces = self._pieces
-        if pieces:
-            self.before_last += self._views[-1].nbytes
-            size = min(2 * pieces[-1].size, LARGEST_PIECE)
-        else:
-            size = FIRST_PIECE
-        rest = self.nbytes - self.before_last
-        # a small message takes what it needs; larger ones pieces of the standard sizes
-        # (1, 2, 4, 8 MiB: pooled), the last maybe not filled
-        piece = self._pool.take(size) if rest >= FIRST_PIECE else np.empty(rest, dtype=np.uint8)
+        """One more piece, after the last one filled up with more to come."""
+        pieces, views = self._pieces, self._views
+        assert pieces is not None and views is not None  # noqa: S101 - a large message
+        self.before_last += views[-1].nbytes
+        size = min(2 * pieces[-1].size, LARGEST_PIECE)
+        piece = self._pool.take(size)
         pieces.append(piece)
-        view = memoryview(piece)[: min(size, rest)]
-        self._views.append(view)
+        view = memoryview(piece)[: min(size, self.nbytes - self.before_last)]
+        views.append(view)
         return view
 
     @property
     def allocated(self) -> int:
         """Bytes of memory its pieces take."""
+        if self._pieces is None:
+            return self.first.nbytes
         return sum(p.size for p in self._pieces)
 
     def parts(self, upto: int | None = None) -> Iterator[memoryview]:
         """Its first `upto` bytes (all of them by default), piece by piece."""
         left = self.nbytes if upto is None else upto
-        for view in self._views:
+        for view in self._views or (self.first,):
             if left <= 0:
                 return
             yield view[:left] if left < view.nbytes else view
@@ -97,18 +104,23 @@ class Stash:
 
     def copy_into(self, dest: memoryview, upto: int | None = None) -> None:
         """Copy its first `upto` bytes to the start of `dest` (a byte view)."""
+        if self._views is None:
+            n = self.nbytes if upto is None else upto
+            dest[:n] = self.first[:n]
+            return
         at = 0
         for part in self.parts(upto):
             dest[at : at + part.nbytes] = part
             at += part.nbytes
 
     def __bytes__(self) -> bytes:
+        if self._views is None:
+            return bytes(self.first)
         return b"".join(bytes(part) for part in self.parts())
 
     def release(self) -> None:
         """Give its pieces back to the pool: nothing reads them any more."""
-        for piece in self._pieces:
-            if piece.size >= FIRST_PIECE:
+        if self._pieces is not None:
+            for piece in self._pieces:
                 self._pool.give(piece)
-        self._pieces = []
-        self._views = []
+            self._pieces = self._views = None
