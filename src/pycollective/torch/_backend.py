@@ -52,7 +52,7 @@ from ._forms import (
 )
 from ._sparse import sparse_all_reduce
 from ._store import meeting_place
-from ._views import Staged, SyncViews
+from ._views import Staged
 from ._work import DoneSlot, Issued, TorchWork, torch_error
 
 BACKEND_NAME = "pycollective"
@@ -94,7 +94,9 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         self._pg = _OurGroup(self._world, ranks, group_id_for(ranks, 0), "torch-backend")
         self._traffic = count_traffic(self._world)
         self._group_name = ""
-        self._views = SyncViews()  # for synchronous calls at 2+ ranks
+        # the tensors' views of synchronous calls at 2+ ranks: the group's, which our
+        # API shares when called with torch tensors (_buffers.TensorViews)
+        self._views = self._pg.tensor_views
         self._done = DoneSlot()  # the works of synchronous calls
         self._solo = size == 1  # no compiled path for the views to reach
         if size > 1:
@@ -192,7 +194,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
 
     def _sync_view(self, t: torch.Tensor, what: str) -> Any:
         """What a call passes our API for contiguous CPU tensor `t`: in a synchronous call
-        at 2+ ranks its view (SyncViews), so that the next call like it takes the method's
+        at 2+ ranks its view (TensorViews), so that the next call like it takes the method's
         short way; else `t`."""
         if self._solo or asynchronous():
             return t
