@@ -104,3 +104,27 @@ def test_a_tensor_changed_since_takes_the_method_in_full(group: Any) -> None:
     t.data = t.view(torch.int32)
     tdist.all_reduce(t)
     assert fast.calls[-1][1].dtype.name == "int32" and group._done.taken == taken + 2
+
+
+def test_reduce_and_the_flat_gathers_hand_torch_no_work_either(group: Any) -> None:
+    # a group of one: under the short way these run our API's Python path for real
+    red, gin, gout = torch.full((4,), 3.0), torch.full((2,), 5.0), torch.zeros(2)
+    rin, rout = torch.arange(2.0), torch.zeros(2)
+    for _ in range(2):  # the first of each makes the views
+        tdist.reduce(red, dst=0)
+        tdist.all_gather_single(gout, gin)
+        tdist.reduce_scatter_single(rout, rin)
+    taken = group._done.taken
+    for i in range(3):
+        gin.fill_(float(i))
+        rin.add_(1.0)
+        assert tdist.reduce(red, dst=0) is None
+        assert tdist.all_gather_single(gout, gin) is None
+        assert tdist.reduce_scatter_single(rout, rin) is None
+        assert gout.tolist() == [float(i)] * 2 and rout.tolist() == rin.tolist()
+    assert group._done.taken == taken, "torch's functions were handed a work"
+    assert red.tolist() == [3.0] * 4
+    opts = tdist.ReduceOptions()
+    opts.asyncOp = False
+    work = group.reduce([red], opts)  # a direct caller: a done work
+    assert work.wait() and work.result()[0] is red and group._done.taken == taken + 1
