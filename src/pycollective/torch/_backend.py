@@ -217,8 +217,10 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
 
     # torch's `dist.all_reduce` and `dist.broadcast` of one tensor without async_op, repeated
     # on the same tensor (a loss, a flag, a step's metrics), take a short way: the view and
-    # the op found from before, our API's compiled path, the group's reusable DoneWork. Any
-    # other form, or what the short way has not seen, goes through the method in full.
+    # the op found from before, the group's compiled path, and no Work for torch's own
+    # functions (_forms.WAITS_ONLY_ON_A_WORK; other callers get the group's reusable
+    # DoneWork). Any other form, or what the short way has not seen, goes through the
+    # method in full.
 
     def allreduce(
         self, tensors: Any, opts: Any = None, timeout: Any = None, *, op: Any = None
