@@ -30,7 +30,8 @@ class Buffer(NamedTuple):
         return int(self.array.nbytes)
 
 
-def _is_torch_tensor(obj: object) -> bool:
+def is_torch_tensor(obj: object) -> bool:
+    """Whether `obj` is a torch tensor (without importing torch)."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(obj, torch.Tensor)
 
@@ -107,6 +108,60 @@ def unheld_tensor_view(t: Any, what: str = "tensor") -> np.ndarray | None:
     return arr if _dtypes.from_numpy_dtype(arr.dtype) is dtype else None
 
 
+VIEWS_KEPT = 16  # a group's tensor views for synchronous calls (TensorViews)
+
+
+class TensorViews:
+    """For synchronous calls: flat views of contiguous CPU tensors' memory,
+    made once per address, length, dtype and negative/conjugate bit, so that a repeated
+    call finds its buffer in one look-up and the group's compiled path (ProcessGroup.fast,
+    which takes buffers, not tensors) can run it. One per group: the torch backend's
+    methods and our API's functions called with torch tensors share it.
+
+    A view does not keep its tensor alive (nor its storage from being resized): it is used
+    only for a tensor found at its address, during a call that holds the tensor. A tensor
+    whose storage moved, or whose length, dtype, layout, contiguity or bits changed, finds
+    another key (or none) and never a stale view."""
+
+    __slots__ = ("_views",)
+
+    def __init__(self) -> None:
+        self._views: dict[tuple[Any, ...], Any] = {}
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+    def get(self, t: Any, what: str) -> Any:
+        """The view of CPU tensor `t` (made if new, checked as as_buffer checks it: a
+        UsageError says what is wrong), or `t` itself where no view reads back as the
+        tensor (bfloat16)."""
+        view = self.known(t)
+        if view is None:
+            arr = unheld_tensor_view(t, what)  # raises for what as_buffer refuses
+            if len(self._views) >= VIEWS_KEPT:
+                self._views.clear()
+            dtype = t.dtype
+            key = (t.data_ptr(), t.numel(), dtype, t.is_neg(), dtype.is_complex and t.is_conj())
+            self._views[key] = view = t if arr is None else arr
+        return view
+
+    def known(self, t: Any) -> Any:
+        """The view of `t` made before, if `t` is a contiguous dense tensor at its address
+        with its length, dtype and bits, else None: the short way of a repeated call, no
+        check it passed before read again but these (each a call into torch's C++)."""
+        try:
+            # Sparse and other non-strided layouts say False or raise here, or in
+            # data_ptr (mkldnn): no layout read needed. The conjugate bit exists only
+            # on complex tensors (torch asserts it), so real ones skip that read.
+            if not t.is_contiguous():
+                return None
+            dtype = t.dtype
+            key = (t.data_ptr(), t.numel(), dtype, t.is_neg(), dtype.is_complex and t.is_conj())
+        except Exception:  # noqa: BLE001 - whatever torch raises: not a tensor we view
+            return None
+        return self._views.get(key)
+
+
 def as_buffer(obj: object, what: str = "tensor", writable: bool = True) -> Buffer:
     """Validate `obj` and view it as a flat array; raise UsageError saying what is wrong."""
     if type(obj) is np.ndarray:  # the common case first: a plain, contiguous numpy array
@@ -117,7 +172,7 @@ def as_buffer(obj: object, what: str = "tensor", writable: bool = True) -> Buffe
             if flat.dtype is not dtype.numpy and dtype is _dtypes.BFLOAT16:
                 flat = flat.view(dtype.numpy)  # ml_dtypes' bfloat16: its raw bits
             return Buffer(flat, dtype, obj)
-    if _is_torch_tensor(obj):
+    if is_torch_tensor(obj):
         arr, dtype = _torch_view(obj, what)
         return Buffer(arr, dtype, obj)
     if isinstance(obj, np.ndarray):

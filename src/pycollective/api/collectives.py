@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .._buffers import Buffer, as_buffer
+from .._buffers import Buffer, as_buffer, is_torch_tensor
 from .._dtypes import BYTE, DType
 from .._errors import UsageError
 from .._reduce_ops import ReduceOp, check_op_dtype, to_reduce_op
@@ -40,6 +40,32 @@ def _fast(group: ProcessGroup | None) -> Any:
         return g.fast  # type: ignore[union-attr]
     except AttributeError:
         return None
+
+
+def _known_view(group: ProcessGroup | None, tensor: Any) -> Any:
+    """For a synchronous call the compiled path declined: the view of torch tensor
+    `tensor` made by a call before (the group's TensorViews), or None (not a tensor, or
+    not one seen at this address, length and dtype)."""
+    g = _state.DEFAULT.group if group is None else group
+    try:
+        views = g.tensor_views  # type: ignore[union-attr]
+    except AttributeError:
+        return None
+    return views.known(tensor)
+
+
+def _buffer(
+    g: ProcessGroup, obj: Any, what: str, writable: bool = True, sync: bool = False
+) -> tuple[Any, Buffer]:
+    """What `obj` is viewed as (the object to offer the compiled path) and its Buffer. A
+    torch tensor of a synchronous call is viewed through the group's TensorViews: made
+    once, found in one look-up after, and a buffer the compiled path takes. (Only
+    synchronous calls: such a view does not keep its tensor alive.)"""
+    if sync and type(obj) is not np.ndarray and is_torch_tensor(obj):
+        view = g.tensor_views.get(obj, what)  # checked as as_buffer checks a tensor
+        buf = as_buffer(view, what, writable)
+        return view, Buffer(buf.array, buf.dtype, obj)
+    return obj, as_buffer(obj, what, writable)
 
 
 def _root(g: ProcessGroup, global_rank: int | None, group_rank: int | None, what: str) -> int:
@@ -129,16 +155,23 @@ def all_reduce(
     algorithm: str | None = None,
 ) -> Work | None:
     """Reduce `tensor` across the group; every rank ends with the result, in place."""
-    if not async_op and algorithm is None:
+    repeatable = not async_op and algorithm is None
+    if repeatable:
         # A call like one that ran before: the group's compiled path checks the buffer
-        # against it and runs it, or declines (then the checks below run as ever).
+        # against it and runs it, or declines (then the checks below run as ever). A
+        # torch tensor is no buffer: its view from before is.
         fast = _fast(group)
-        if fast is not None and fast.all_reduce(tensor, op):
-            return None
+        if fast is not None:
+            if fast.all_reduce(tensor, op):
+                return None
+            if type(tensor) is not np.ndarray:
+                view = _known_view(group, tensor)
+                if view is not None and fast.all_reduce(view, op):
+                    return None
     g = _group(group)
     if not g.is_member:
         return None
-    arr, dtype, _ = as_buffer(tensor, "all_reduce tensor")
+    obj, (arr, dtype, _) = _buffer(g, tensor, "all_reduce tensor", sync=repeatable)
     rop = _op(op, dtype)
     return g.run_collective(
         CollectiveCall(
@@ -151,7 +184,7 @@ def all_reduce(
             after=average_after(arr, dtype, rop, g.size()) if rop is _AVG else None,
             async_op=async_op,
             result=[tensor] if async_op else None,
-            fast_key=None if async_op or algorithm is not None else (tensor, op),
+            fast_key=(obj, op) if repeatable else None,
         )
     )
 
@@ -168,13 +201,19 @@ def broadcast(
     repeatable = not async_op and algorithm is None and group_src is None
     if repeatable:
         fast = _fast(group)  # see all_reduce
-        if fast is not None and fast.broadcast(tensor, src):
-            return None
+        if fast is not None:
+            if fast.broadcast(tensor, src):
+                return None
+            if type(tensor) is not np.ndarray:
+                view = _known_view(group, tensor)
+                if view is not None and fast.broadcast(view, src):
+                    return None
     g = _group(group)
     if not g.is_member:
         return None
     root = _root(g, src, group_src, "src")
-    buf = as_buffer(tensor, "broadcast tensor", writable=g.rank() != root)
+    sync = not async_op
+    obj, buf = _buffer(g, tensor, "broadcast tensor", g.rank() != root, sync)
     return g.run_collective(
         CollectiveCall(
             collective="broadcast",
@@ -185,7 +224,7 @@ def broadcast(
             root=root,
             async_op=async_op,
             result=[tensor],
-            fast_key=(tensor, src) if repeatable else None,
+            fast_key=(obj, src) if repeatable else None,
         )
     )
 
@@ -205,7 +244,7 @@ def reduce(
         return None
     root = _root(g, dst, group_dst, "dst")
     is_root = g.rank() == root
-    buf = as_buffer(tensor, "reduce tensor", writable=is_root)
+    _, buf = _buffer(g, tensor, "reduce tensor", is_root, not async_op)
     rop = _op(op, buf.dtype)
     after = average_after(buf.array, buf.dtype, rop, g.size()) if is_root else None
     return g.run_collective(
@@ -235,8 +274,8 @@ def all_gather_into_tensor(
     g = _group(group)
     if not g.is_member:
         return None
-    inp = as_buffer(input_tensor, "all_gather input", writable=False)
-    out = as_buffer(output_tensor, "all_gather output")
+    _, inp = _buffer(g, input_tensor, "all_gather input", False, not async_op)
+    _, out = _buffer(g, output_tensor, "all_gather output", True, not async_op)
     _same_dtype([out], "all_gather output", inp.dtype)
     if out.count != g.size() * inp.count:
         raise UsageError(
@@ -296,8 +335,8 @@ def reduce_scatter_tensor(
     g = _group(group)
     if not g.is_member:
         return None
-    out = as_buffer(output, "reduce_scatter output")
-    inp = as_buffer(input, "reduce_scatter input", writable=False)
+    _, out = _buffer(g, output, "reduce_scatter output", True, not async_op)
+    _, inp = _buffer(g, input, "reduce_scatter input", False, not async_op)
     _same_dtype([inp], "reduce_scatter input", out.dtype)
     if inp.count != g.size() * out.count:
         raise UsageError(

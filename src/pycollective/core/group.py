@@ -17,6 +17,7 @@ from typing import Any, cast
 import numpy as np
 
 from .. import _callstate, _config, _log, runners
+from .._buffers import TensorViews
 from .._dtypes import DType
 from .._errors import CollectiveError, CollectiveTimeout, UsageError
 from .._reduce_ops import Kernel, ReduceOp, finish_average, kernel
@@ -75,6 +76,10 @@ class ProcessGroup:
         # functions try it first; it declines (False) whatever it does not know.
         self.fast: Any = None
         self._fast_runner: Runner | None = None
+        # Views of the torch tensors of synchronous calls, so that a repeated one reaches
+        # `fast` (which takes buffers): the API's functions and the torch backend's
+        # methods find them here (_buffers.TensorViews).
+        self.tensor_views = TensorViews()
 
     # torch spells these as methods
     def rank(self) -> int:

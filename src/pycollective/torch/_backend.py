@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 import itertools
 from collections.abc import Callable, Sequence
+from sys import _getframe
 from typing import Any
 
 import torch.distributed as tdist
@@ -39,11 +40,14 @@ from ..core.world import World, count_traffic
 from ..transport import counting as _traffic
 from . import _coalesced, _p2p, _work
 from ._forms import (
+    WAITS_ONLY_ON_A_WORK,
+    _by_reduce_op,  # torch's ReduceOp hash -> ours, for the short way
     asynchronous,
     is_options,
     known_op,
     one,
     op_of,
+    profiling,
     root_of,
     synchronous_call,
     tensors_of,
@@ -52,7 +56,7 @@ from ._forms import (
 )
 from ._sparse import sparse_all_reduce
 from ._store import meeting_place
-from ._views import Staged, SyncViews
+from ._views import Staged
 from ._work import DoneSlot, Issued, TorchWork, torch_error
 
 BACKEND_NAME = "pycollective"
@@ -94,7 +98,9 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
         self._pg = _OurGroup(self._world, ranks, group_id_for(ranks, 0), "torch-backend")
         self._traffic = count_traffic(self._world)
         self._group_name = ""
-        self._views = SyncViews()  # for synchronous calls at 2+ ranks
+        # the tensors' views of synchronous calls at 2+ ranks: the group's, which our
+        # API shares when called with torch tensors (_buffers.TensorViews)
+        self._views = self._pg.tensor_views
         self._done = DoneSlot()  # the works of synchronous calls
         self._solo = size == 1  # no compiled path for the views to reach
         if size > 1:
@@ -192,7 +198,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
 
     def _sync_view(self, t: torch.Tensor, what: str) -> Any:
         """What a call passes our API for contiguous CPU tensor `t`: in a synchronous call
-        at 2+ ranks its view (SyncViews), so that the next call like it takes the method's
+        at 2+ ranks its view (TensorViews), so that the next call like it takes the method's
         short way; else `t`."""
         if self._solo or asynchronous():
             return t
@@ -211,28 +217,39 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
 
     # torch's `dist.all_reduce` and `dist.broadcast` of one tensor without async_op, repeated
     # on the same tensor (a loss, a flag, a step's metrics), take a short way: the view and
-    # the op found from before, our API's compiled path, the group's reusable DoneWork. Any
-    # other form, or what the short way has not seen, goes through the method in full.
+    # the op found from before, the group's compiled path, and no Work for torch's own
+    # functions (_forms.WAITS_ONLY_ON_A_WORK; other callers get the group's reusable
+    # DoneWork). Any other form, or what the short way has not seen, goes through the
+    # method in full.
 
     def allreduce(
         self, tensors: Any, opts: Any = None, timeout: Any = None, *, op: Any = None
-    ) -> tdist.Work:
+    ) -> tdist.Work | None:
         """allreduce([t...], AllreduceOptions) | allreduce([t...] or t, op, timeout)."""
+        # The short way, inlined (each helper call here costs a tenth of the whole): the
+        # synchronous_call test, the view, the op from before, the compiled path.
         if (
-            synchronous_call(opts, _AllreduceOptions)
+            type(opts) is _AllreduceOptions
             and type(tensors) is list
             and len(tensors) == 1
             and timeout is None
             and op is None
+            and opts.asyncOp is False
+            and not profiling()
         ):
             view = self._views.known(tensors[0])
-            rop = known_op(opts)
-            if view is not None and rop is not None:
-                try:
-                    _api.all_reduce(view, rop, self._pg)
-                except BaseException as exc:
-                    raise torch_error(exc) from None
-                return self._done.take(tensors)
+            if view is not None:
+                rop = _by_reduce_op.get(hash(opts.reduceOp))
+                if rop is not None:
+                    try:
+                        fast = self._pg.fast
+                        if fast is None or not fast.all_reduce(view, rop):
+                            _api.all_reduce(view, rop, self._pg)  # declined: the API's way
+                    except BaseException as exc:
+                        raise torch_error(exc) from None
+                    if _getframe(1).f_code in WAITS_ONLY_ON_A_WORK:
+                        return None  # torch's dist.all_reduce: done, nothing to wait on
+                    return self._done.take(tensors)
         return self._allreduce(tensors, opts, timeout, op=op)
 
     @torch_call("all_reduce")
@@ -274,21 +291,28 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
 
     def broadcast(
         self, tensors: Any, opts: Any = None, timeout: Any = None, *, root: Any = None
-    ) -> tdist.Work:
+    ) -> tdist.Work | None:
         """broadcast([t...], BroadcastOptions) | broadcast(t, root, timeout)."""
         if (
-            synchronous_call(opts, _BroadcastOptions)
+            type(opts) is _BroadcastOptions
             and type(tensors) is list
             and len(tensors) == 1
             and timeout is None
             and root is None
+            and opts.asyncOp is False
+            and not profiling()
         ):
             view = self._views.known(tensors[0])
             if view is not None:
+                src = opts.rootRank
                 try:
-                    _api.broadcast(view, opts.rootRank, self._pg)
+                    fast = self._pg.fast
+                    if fast is None or not fast.broadcast(view, src):
+                        _api.broadcast(view, src, self._pg)  # declined: the API's way
                 except BaseException as exc:
                     raise torch_error(exc) from None
+                if _getframe(1).f_code in WAITS_ONLY_ON_A_WORK:
+                    return None  # torch's dist.broadcast: done, nothing to wait on
                 return self._done.take(tensors)
         return self._broadcast(tensors, opts, timeout, root=root)
 
@@ -319,7 +343,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
     def reduce(
         self, tensors: Any, opts: Any = None, op: Any = None, timeout: Any = None,
         *, root: Any = None,
-    ) -> tdist.Work:  # fmt: skip
+    ) -> tdist.Work | None:  # fmt: skip
         """reduce([t], ReduceOptions) | reduce(t, root, op, timeout)."""
         if (
             synchronous_call(opts, _ReduceOptions)
@@ -336,6 +360,8 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
                     _api.reduce(view, op=rop, group=self._pg, group_dst=opts.rootRank)
                 except BaseException as exc:
                     raise torch_error(exc) from None
+                if _getframe(1).f_code in WAITS_ONLY_ON_A_WORK:
+                    return None  # torch's function: done, nothing to wait on
                 return self._done.take(tensors)
         return self._reduce(tensors, opts, op, timeout, root=root)
 
@@ -375,7 +401,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
 
     def _allgather_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
-    ) -> tdist.Work:
+    ) -> tdist.Work | None:
         """all_gather_into_tensor(output, input, AllgatherOptions)."""
         if synchronous_call(opts, _AllgatherOptions):
             out, inp = self._views.known(output), self._views.known(input)
@@ -384,6 +410,8 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
                     _api.all_gather_into_tensor(out, inp, self._pg)
                 except BaseException as exc:
                     raise torch_error(exc) from None
+                if _getframe(1).f_code in WAITS_ONLY_ON_A_WORK:
+                    return None  # torch's function: done, nothing to wait on
                 return self._done.take(output)
         return self._allgather_into_tensor(output, input, opts)
 
@@ -439,7 +467,7 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
 
     def _reduce_scatter_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
-    ) -> tdist.Work:
+    ) -> tdist.Work | None:
         """reduce_scatter_tensor(output, input, ReduceScatterOptions)."""
         if synchronous_call(opts, _ReduceScatterOptions):
             out, inp = self._views.known(output), self._views.known(input)
@@ -449,6 +477,8 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
                     _api.reduce_scatter_tensor(out, inp, rop, self._pg)
                 except BaseException as exc:
                     raise torch_error(exc) from None
+                if _getframe(1).f_code in WAITS_ONLY_ON_A_WORK:
+                    return None  # torch's function: done, nothing to wait on
                 return self._done.take(output)
         return self._reduce_scatter_into_tensor(output, input, opts)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import inspect
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -156,6 +157,35 @@ def paired(outputs: Sequence[Any], inputs: Sequence[Any]) -> list[tuple[Any, Any
 
 
 # ---------------------------------------------------------------------- synchronous or not
+
+
+_WAITING_CALLERS = (
+    "all_reduce", "broadcast", "reduce", "all_gather_single", "all_gather_into_tensor",
+    "reduce_scatter_single", "reduce_scatter_tensor",
+)  # fmt: skip
+
+
+def _callers_that_wait_if_given_a_work() -> frozenset:
+    """The code of torch's functions that call a group's method with `asyncOp` False and
+    then wait on the work only if there is one (`elif work is not None: work.wait()`):
+    torch's contract for a backend that finishes a call before it returns ("the backend
+    has sync'ed at CPP level"). A method's short way called from one of them returns
+    None: the caller then has no Work to wait on nor to drop. Read from torch's source,
+    so a torch whose function waits on whatever it gets is left out (it gets a Work)."""
+    found = set()
+    for name in _WAITING_CALLERS:
+        fn = getattr(tdist, name, None)
+        try:
+            fn = inspect.unwrap(fn)
+            if "work is not None" in inspect.getsource(fn):
+                found.add(fn.__code__)
+        except (OSError, TypeError, AttributeError):  # no source, not a Python function
+            continue
+    return frozenset(found)
+
+
+WAITS_ONLY_ON_A_WORK = _callers_that_wait_if_given_a_work()
+
 
 _calls = threading.local()
 
