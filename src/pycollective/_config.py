@@ -379,9 +379,9 @@ def _vars() -> tuple[Var, ...]:
             SWITCH,
             "1",
             "1: while the machine has more runnable tasks than CPUs (/proc/loadavg, read at "
-            "most every 5 ms), waits for peers spin and yield briefly and sleep soon, as with "
-            "more ranks than cores, so that a peer short of a core gets one; 0: waits never "
-            "look at the machine's load.",
+            "most every 5 ms), the shared-memory arena's waits spin and yield briefly and "
+            "sleep soon, as with more ranks than cores, so that a peer short of a core gets "
+            "one; 0: they never look at the machine's load.",
         ),
         Var(
             "PYCOLLECTIVE_SHM_FUTEX",

@@ -1,10 +1,11 @@
 """Whether this machine is busy: more tasks ready to run than it has CPUs.
 
-Waits read it to decide how long to keep their core. A rank that spins or yields while
-its peer waits for a core only delays the peer on a busy machine (the core goes to the
-spinner, or after a yield to whatever else is ready there for a time slice); sleeping
-soon hands the core over and the peer's wake-up preempts the others. On a quiet machine
-the spin is what makes a small call a microsecond or two, so the view decides per wait.
+The shared-memory arena's waits read it to decide how long to keep their core. A rank
+that spins or yields while its peer waits for a core only delays the peer on a busy
+machine (the core goes to the spinner, or after a yield to whatever else is ready there
+for a time slice); sleeping soon hands the core over and the peer's wake-up preempts the
+others. On a quiet machine the spin is what makes a small call a microsecond or two, so
+the view decides per wait.
 
 The count is the kernel's number of runnable tasks, the fourth field of /proc/loadavg
 ("R/T": R running or ready now, T in all), read at most every CHECK_SECONDS. It counts
