@@ -76,6 +76,15 @@ def test_busy_schedule_never_keeps_the_core_longer(pair, monkeypatch) -> None:
         a0.set_cores(cores)
         assert a0.busy_spins <= a0.pure_spins
         assert a0.busy_yield_seconds <= a0.yield_seconds
+    # a rank pinned to a core of its own waits alike on a busy machine: its peer has
+    # another core
+    monkeypatch.setattr(arena, "affinity", lambda: {3})
+    a0.set_cores(2)
+    assert a0.pinned
+    assert (a0.busy_spins, a0.busy_yield_seconds) == (a0.pure_spins, a0.yield_seconds)
+    monkeypatch.setattr(arena, "affinity", lambda: {0, 1})
+    a0.set_cores(2)
+    assert not a0.pinned and a0.busy_spins < a0.pure_spins
     monkeypatch.setenv("PYCOLLECTIVE_LOAD_AWARE", "0")
     off = arena.Arena(a0.segment, 2, 0, 4096)
     assert off.load.cpus == -1 and not off.load.check(1e9)

@@ -28,7 +28,7 @@ from .. import _callstate, _config, _dtypes, _load
 from .._reduce_ops import ReduceOp
 from . import arena as _arena
 from . import collectives as _coll
-from .arena import NBUF, Arena, affinity, layout
+from .arena import NBUF, Arena, layout
 
 try:
     from .. import _native
@@ -216,16 +216,15 @@ class NativeArena:
         seconds = a.yield_seconds
         if a.oversubscribed:
             seconds = min(seconds, OVERSUBSCRIBED_YIELD_SECONDS)
-        busy_seconds = min(a.busy_yield_seconds, OVERSUBSCRIBED_YIELD_SECONDS)
-        pinned = len(affinity()) == 1 and not a.oversubscribed
+        pinned = a.pinned
         spin = PINNED_SPIN_SECONDS if pinned else 0.0
-        # A pinned rank pause-spins on its own core whatever the load (its peer has
-        # another): fewer pure spins would only add clock reads to its short waits
-        # (4 B under mpirun's binding, busy: 1.6-1.9 us with 256, 2.0 us with 16).
-        busy_spins = a.pure_spins if pinned else a.busy_spins
+        # A pinned rank waits alike on a busy machine (arena.py set_cores says why).
+        busy_seconds = (
+            seconds if pinned else min(a.busy_yield_seconds, OVERSUBSCRIBED_YIELD_SECONDS)
+        )
         self.c.set_spin(
             a.pure_spins, int(seconds * 1e9), a.oversubscribed, int(spin * 1e9),
-            busy_spins, int(busy_seconds * 1e9), a.load.cpus,
+            a.busy_spins, int(busy_seconds * 1e9), a.load.cpus,
         )  # fmt: skip
 
     def plan(
