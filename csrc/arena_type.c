@@ -162,21 +162,30 @@ static PyObject *Arena_wait(ArenaObject *a, PyObject *const *args, Py_ssize_t na
 
 static PyObject *Arena_set_spin(ArenaObject *a, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs < 3 || nargs > 4) {
+    if (nargs < 3 || nargs > 7) {
         PyErr_SetString(PyExc_TypeError,
-                        "set_spin(pure_spins, yield_ns, oversubscribed, spin_ns=0)");
+                        "set_spin(pure_spins, yield_ns, oversubscribed, spin_ns=0, "
+                        "busy_spins=pure_spins, busy_yield_ns=yield_ns, load_cpus=-1)");
         return NULL;
     }
     long spins = PyLong_AsLong(args[0]);
     int64_t yield_ns = PyLong_AsLongLong(args[1]);
     int over = PyObject_IsTrue(args[2]);
-    int64_t spin_ns = nargs == 4 ? PyLong_AsLongLong(args[3]) : 0;
+    int64_t spin_ns = nargs > 3 ? PyLong_AsLongLong(args[3]) : 0;
+    long busy_spins = nargs > 4 ? PyLong_AsLong(args[4]) : spins;
+    int64_t busy_yield_ns = nargs > 5 ? PyLong_AsLongLong(args[5]) : yield_ns;
+    long load_cpus = nargs > 6 ? PyLong_AsLong(args[6]) : -1;
     if (PyErr_Occurred())
         return NULL;
-    a->pure_spins = (int)(spins < 0 ? 0 : spins);
+    a->pure_spins = (int)(spins < 0 ? 0 : spins > INT_MAX ? INT_MAX : spins);
     a->yield_ns = yield_ns < 0 ? 0 : yield_ns;
     a->spin_ns = spin_ns < 0 ? 0 : spin_ns;
     a->oversubscribed = over;
+    a->busy_spins = (int)(busy_spins < 0 ? 0 : busy_spins > INT_MAX ? INT_MAX : busy_spins);
+    a->busy_yield_ns = busy_yield_ns < 0 ? 0 : busy_yield_ns;
+    a->load_cpus = (int)(load_cpus < 0 ? -1 : load_cpus > INT_MAX ? INT_MAX : load_cpus);
+    a->busy = 0;
+    a->load_next = 0;
     Py_RETURN_NONE;
 }
 
@@ -225,8 +234,11 @@ static int Arena_init(ArenaObject *a, PyObject *args, PyObject *kwds)
     for (int q = 0; q < size; q++)
         if (q != rank)
             a->peers[a->npeers++] = q;
-    a->pure_spins = 256;
-    a->yield_ns = 1000000;
+    a->pure_spins = a->busy_spins = 256;
+    a->yield_ns = a->busy_yield_ns = 1000000;
+    a->load_cpus = -1;
+    a->busy = 0;
+    a->load_next = 0;
     a->next_buf = 0;
     a->c.pc = -1;
     return 0;
@@ -301,6 +313,11 @@ static int Arena_set_wait_ns(ArenaObject *a, PyObject *v, void *Py_UNUSED(closur
     return 0;
 }
 
+static PyObject *Arena_get_busy(ArenaObject *a, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(a->busy);
+}
+
 static PyObject *Arena_lagging(ArenaObject *a, PyObject *arg)
 {
     int64_t target = PyLong_AsLongLong(arg);
@@ -332,7 +349,9 @@ static PyMethodDef Arena_methods[] = {
      "wait(target, budget_ns) -> True when every peer reached target"},
     {"lagging", (PyCFunction)Arena_lagging, METH_O, "peers whose counter is below target"},
     {"set_spin", (PyCFunction)(void (*)(void))Arena_set_spin, METH_FASTCALL,
-     "set_spin(pure_spins, yield_ns, oversubscribed, spin_ns=0)"},
+     "set_spin(pure_spins, yield_ns, oversubscribed, spin_ns=0, busy_spins=pure_spins, "
+     "busy_yield_ns=yield_ns, load_cpus=-1): how waits keep the core, on a quiet machine "
+     "and on a busy one (more runnable tasks than load_cpus; -1: never busy)"},
     {"release", (PyCFunction)Arena_release, METH_NOARGS, "let go of the segment's memory"},
     {NULL, NULL, 0, NULL},
 };
@@ -345,6 +364,9 @@ static PyGetSetDef Arena_getset[] = {
     {"peer", (getter)Arena_get_peer, NULL, "the peer to check after CHECK", NULL},
     {"wait_ns", (getter)Arena_get_wait_ns, (setter)Arena_set_wait_ns,
      "nanoseconds spent waiting for peers", NULL},
+    {"busy", (getter)Arena_get_busy, NULL,
+     "whether the machine was busy at the last reading of its load (set_spin's load_cpus)",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

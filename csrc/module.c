@@ -74,6 +74,7 @@ static int add_contract(PyObject *m)
         {"KIND", KIND}, {"ANN_WORDS", ANN_WORDS}, {"BUF_FD", BUF_FD},
         {"BUF_WORDS", BUF_WORDS}, {"MAX_RANKS", MAX_RANKS}, {"ALIGN_BYTES", ALIGN_BYTES},
         {"SLEEP_NS", SLEEP_NS}, {"SETTLE_SPINS", SETTLE_SPINS},
+        {"LOAD_CHECK_NS", LOAD_CHECK_NS},
         {"DONE", ST_DONE}, {"PENDING", ST_PENDING}, {"CHECK", ST_CHECK}, {"VIEWS", ST_VIEWS},
     };
     static const pyc_named kinds[] = {

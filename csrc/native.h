@@ -49,6 +49,7 @@ enum { C_ALL_REDUCE = 1, C_BROADCAST = 2, C_REDUCE = 3, C_ALL_GATHER = 4, C_REDU
 #define ALIGN_BYTES 64              /* shares start on cache-line boundaries: collectives.py */
 #define SLEEP_NS 10000000LL         /* longest single futex sleep: arena.py SLEEP_SECONDS */
 #define SETTLE_SPINS 4096           /* reads of a changing announcement: arena.py */
+#define LOAD_CHECK_NS 5000000LL     /* how old a load reading may get: _load.py CHECK_SECONDS */
 #define NOGIL_BYTES (64 << 10)      /* copies and reductions above this run without the GIL */
 
 /* Whether C runs the collective of this wire code. */
@@ -103,6 +104,10 @@ typedef struct {
     int64_t nt_bytes; /* calls at least this large copy into the caller's buffer non-temporally */
     int pure_spins, oversubscribed;
     int64_t spin_ns, yield_ns; /* spin (pause), then yield, for so long before sleeping */
+    /* While the machine is busy (more runnable tasks than load_cpus; -1: never), waits
+     * take busy_spins and busy_yield_ns instead: wait.c, _load.py. */
+    int busy_spins, load_cpus, busy;
+    int64_t busy_yield_ns, load_next;
     int next_buf;
     int64_t wait_ns; /* time spent waiting for peers (the timeline's WAIT) */
     PyThreadState *ts; /* non-NULL while this call runs without the GIL */

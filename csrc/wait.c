@@ -1,6 +1,7 @@
 /* The phase counters and waits (see wait.h). */
 #include "wait.h"
 
+#include <fcntl.h>
 #include <limits.h>
 #include <sched.h>
 #include <unistd.h>
@@ -39,6 +40,41 @@ static void futex_wake(int64_t *w)
 #endif
 }
 
+/* The runnable tasks of the machine (/proc/loadavg's fourth field, "R/T"), or -1. */
+static long runnable_now(void)
+{
+    char buf[128];
+    int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    const char *p = buf;
+    for (int field = 0; field < 3; field++) { /* skip the three load averages */
+        while (*p && *p != ' ')
+            p++;
+        while (*p == ' ')
+            p++;
+    }
+    long r = 0;
+    const char *digits = p;
+    while (*p >= '0' && *p <= '9' && r < 1000000000L)
+        r = r * 10 + (*p++ - '0');
+    return p > digits && *p == '/' ? r : -1;
+}
+
+/* Refresh a->busy if the last reading is older than LOAD_CHECK_NS (_load.py's twin). */
+static inline void load_check(ArenaObject *a, int64_t t)
+{
+    if (a->load_cpus >= 0 && t >= a->load_next) {
+        a->load_next = t + LOAD_CHECK_NS;
+        a->busy = runnable_now() > a->load_cpus;
+    }
+}
+
 int64_t pyc_bump(ArenaObject *a)
 {
     int64_t *e = word(a, a->rank, EPOCH);
@@ -64,12 +100,15 @@ int pyc_wait_all(ArenaObject *a, call_t *c, int64_t end)
         if (ld(w) >= target)
             continue;
         if (!c->wstarted) {
+            /* On a busy machine the peer may be waiting for this very core: keep it
+             * only briefly (a->busy is the last reading; it is refreshed below). */
+            const int spins = a->busy ? a->busy_spins : a->pure_spins;
             int i = 0;
-            while (i < a->pure_spins && ld(w) < target) {
+            while (i < spins && ld(w) < target) {
                 cpu_relax();
                 i++;
             }
-            if (i < a->pure_spins)
+            if (i < spins)
                 continue;
             c->wstarted = 1;
             c->wt0 = now_ns();
@@ -92,7 +131,8 @@ int pyc_wait_all(ArenaObject *a, call_t *c, int64_t end)
                     cpu_relax();
                 continue;
             }
-            if (t < c->wt0 + a->spin_ns + a->yield_ns) {
+            load_check(a, t);
+            if (t < c->wt0 + a->spin_ns + (a->busy ? a->busy_yield_ns : a->yield_ns)) {
                 sched_yield();
                 continue;
             }

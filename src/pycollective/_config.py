@@ -375,6 +375,15 @@ def _vars() -> tuple[Var, ...]:
             "300 us with more ranks than cores).",
         ),
         Var(
+            "PYCOLLECTIVE_LOAD_AWARE",
+            SWITCH,
+            "1",
+            "1: while the machine has more runnable tasks than CPUs (/proc/loadavg, read at "
+            "most every 5 ms), the shared-memory arena's waits spin and yield briefly and "
+            "sleep soon, as with more ranks than cores, so that a peer short of a core gets "
+            "one; 0: they never look at the machine's load.",
+        ),
+        Var(
             "PYCOLLECTIVE_SHM_FUTEX",
             SWITCH,
             "1",

@@ -41,6 +41,7 @@ import numpy as np
 
 from .. import _config
 from .._errors import TransportError
+from .._load import MachineLoad
 from ..observe.timeline import WAIT as _WAIT
 from . import _futex
 
@@ -309,6 +310,9 @@ class Arena:
         self.epoch = self.ctrl[rank * WORDS + EPOCH]
         self.next_buf = 0  # the buffer the next chunk takes; every rank counts alike
         self.chunk_bytes = CHUNK_BYTES_COMPILED  # the group's, from the header (check_header)
+        # whether the machine is busy, read by waits (PYCOLLECTIVE_LOAD_AWARE=0: never)
+        aware = _config.get("PYCOLLECTIVE_LOAD_AWARE") != "0"
+        self.load = MachineLoad(None if aware else -1)
         # the group's cores, corrected by set_cores once the peers' affinities are known
         self.set_cores(len(affinity()) if cores is None else cores)
 
@@ -322,6 +326,17 @@ class Arena:
         spin_us = _config.get("PYCOLLECTIVE_SHM_SPIN_US")
         self.yield_seconds = (default_us if spin_us is None else spin_us) * 1e-6
         self.pure_spins = 16 if oversubscribed else 256
+        # While the machine is busy (more runnable tasks than CPUs), as if oversubscribed:
+        # the peer we wait on may be waiting for this very core. Not a rank pinned to a
+        # core of its own (mpirun's binding): its peer has another core, and sleeping
+        # sooner only makes its own wake-up wait behind what else runs on its core
+        # (compare_peers shm, stress-ng 6, pinned, 64 MiB: 67 -> 106 ms and 60 -> 91 ms
+        # in 2 of 3 alternating pairs, load 8-12).
+        self.pinned = len(affinity()) == 1 and not oversubscribed
+        self.busy_spins = self.pure_spins if self.pinned else 16
+        self.busy_yield_seconds = (
+            self.yield_seconds if self.pinned else min(self.yield_seconds, BUSY_YIELD_SECONDS)
+        )
 
     # ---------------------------------------------------------------- header, at setup
 
@@ -514,14 +529,15 @@ class Arena:
 
     def _wait_one(self, i: int, target: int, poll: Callable[[int], None]) -> None:
         c = self.ctrl
-        for _ in range(self.pure_spins):
+        load = self.load
+        # load.busy: the last reading (refreshed below), as csrc/wait.c does
+        for _ in range(self.busy_spins if load.busy else self.pure_spins):
             if c[i] >= target:
                 return
         start = time.monotonic()
         # The first checks (TCP, peers' calls) wait a little: most waits end sooner, and
         # with ranks outnumbering cores nearly every wait gets this far.
         next_poll = start + FIRST_POLL_SECONDS
-        yield_until = start + self.yield_seconds
         sleeping = self.rank * WORDS + SLEEPING
         addr = self._ctrl_addr + i * 8
         while c[i] < target:
@@ -529,7 +545,8 @@ class Arena:
             if now >= next_poll:
                 poll(target)
                 next_poll = now + POLL_SECONDS
-            if now < yield_until:
+            busy = load.check(now)
+            if now < start + (self.busy_yield_seconds if busy else self.yield_seconds):
                 os.sched_yield()
                 continue
             c[sleeping] = 1
@@ -540,6 +557,9 @@ class Arena:
             c[sleeping] = 0
 
 
+# How long a wait yields before it sleeps while the machine is busy (at most; the
+# oversubscribed default): the compiled arena yields less (shm/native.py).
+BUSY_YIELD_SECONDS = 300e-6
 POLL_SECONDS = 0.02  # how often a waiting rank checks deadline, liveness and abort notices
 FIRST_POLL_SECONDS = 0.001  # ... and when it first does
 SLEEP_SECONDS = 0.01  # longest single futex sleep

@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import _callstate, _config, _dtypes
+from .. import _callstate, _config, _dtypes, _load
 from .._reduce_ops import ReduceOp
 from . import arena as _arena
 from . import collectives as _coll
-from .arena import NBUF, Arena, affinity, layout
+from .arena import NBUF, Arena, layout
 
 try:
     from .. import _native
@@ -112,6 +112,7 @@ def contract_differences(ext: Any, kind_code: Mapping[str, int] | None = None) -
         "ALIGN_BYTES": _coll.ALIGN_BYTES,
         "SLEEP_NS": round(_arena.SLEEP_SECONDS * 1e9),
         "SETTLE_SPINS": _arena.SETTLE_SPINS,
+        "LOAD_CHECK_NS": round(_load.CHECK_SECONDS * 1e9),
         "DONE": DONE,
         "PENDING": PENDING,
         "CHECK": CHECK,
@@ -208,13 +209,23 @@ class NativeArena:
         self._plans: dict[tuple, object] = {}
 
     def set_spin(self) -> None:
+        """The Python arena's wait settings (arena.py set_cores), with the compiled
+        arena's shorter yield when ranks outnumber cores or the machine is busy, and the
+        pinned rank's spin. C reads the machine's load as the Python arena does."""
         a = self.arena
         seconds = a.yield_seconds
         if a.oversubscribed:
             seconds = min(seconds, OVERSUBSCRIBED_YIELD_SECONDS)
-        pinned = len(affinity()) == 1 and not a.oversubscribed
+        pinned = a.pinned
         spin = PINNED_SPIN_SECONDS if pinned else 0.0
-        self.c.set_spin(a.pure_spins, int(seconds * 1e9), a.oversubscribed, int(spin * 1e9))
+        # A pinned rank waits alike on a busy machine (arena.py set_cores says why).
+        busy_seconds = (
+            seconds if pinned else min(a.busy_yield_seconds, OVERSUBSCRIBED_YIELD_SECONDS)
+        )
+        self.c.set_spin(
+            a.pure_spins, int(seconds * 1e9), a.oversubscribed, int(spin * 1e9),
+            a.busy_spins, int(busy_seconds * 1e9), a.load.cpus,
+        )  # fmt: skip
 
     def plan(
         self,
