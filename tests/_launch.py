@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import signal
 import subprocess
 import sys
 import time
@@ -122,3 +124,33 @@ def within(seconds: float) -> float:
     """A latency bound of a test, stretched by SANITIZE_TIME_SCALE: `make sanitize`
     (tools/sanitize/run.py) runs the same tests on a build several times slower."""
     return seconds * float(os.environ.get("SANITIZE_TIME_SCALE", "1"))
+
+
+def run_bounded(
+    cmd: list[str], *, cpu_seconds: float, wall_seconds: float = 120.0, **kwargs
+) -> subprocess.CompletedProcess[str]:
+    """Run a short command to the end, captured as text, with a bound that fails on a hang
+    and not on a busy machine: the child's own CPU time is capped at `cpu_seconds`
+    (RLIMIT_CPU: a busy loop dies of SIGXCPU there, however loaded the machine), and a
+    child blocked on something is killed at `wall_seconds` (generous: the start of an
+    interpreter alone takes seconds at load 15). Raises on either, saying which."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            **kwargs)  # fmt: skip
+    limit = max(1, round(cpu_seconds))
+    try:
+        try:
+            resource.prlimit(proc.pid, resource.RLIMIT_CPU, (limit, limit + 1))
+        except ProcessLookupError:  # already gone: nothing left to bound
+            pass
+        out, err = proc.communicate(timeout=wall_seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"{cmd} still ran after {wall_seconds} s: {err[-2000:]}") from None
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    if proc.returncode == -signal.SIGXCPU:
+        raise AssertionError(f"{cmd} used more than {limit} s of CPU: {err[-2000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

@@ -100,3 +100,23 @@ def test_workers_report_through_one_helper(capsys):
     for path in set(tests.rglob("_*worker*.py")) - {tests / "_workerlib.py"}:
         defs = {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
         assert not defs & {"report", "attempt"}, f"{path}: use tests/_workerlib.py"
+
+
+def test_run_bounded_fails_a_busy_loop_on_its_cpu_time_and_a_blocked_child_on_the_wall():
+    """tests/_launch.py's run_bounded, the no-hang bound of short commands: a spinning child
+    dies of its CPU limit (1 s of its own CPU, however loaded the machine), a sleeping one
+    at the wall bound, and a quick one's result comes back whole."""
+    import sys
+
+    from tests import _launch
+
+    ok = _launch.run_bounded([sys.executable, "-c", "print('out'); raise SystemExit(3)"],
+                             cpu_seconds=20)  # fmt: skip
+    assert (ok.returncode, ok.stdout) == (3, "out\n")
+    with pytest.raises(AssertionError, match="more than 1 s of CPU"):
+        _launch.run_bounded([sys.executable, "-c", "while True: pass"], cpu_seconds=1)
+    t0 = time.monotonic()
+    with pytest.raises(AssertionError, match="still ran after 0.5 s"):
+        _launch.run_bounded([sys.executable, "-c", "import time; time.sleep(30)"],
+                            cpu_seconds=20, wall_seconds=0.5)  # fmt: skip
+    assert time.monotonic() - t0 < 25  # killed at the bound, not left to sleep its 30 s

@@ -10,6 +10,7 @@ test that leaves one behind kills it and fails.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -21,6 +22,7 @@ import sys
 import textwrap
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -69,8 +71,8 @@ def _tagged_pids(tag: str) -> list[int]:
     return found
 
 
-@pytest.fixture
-def job_env():
+@contextlib.contextmanager
+def _tagged_env() -> Iterator[dict[str, str]]:
     """A clean environment (no launcher variables) whose processes are checked for leaks."""
     tag = uuid.uuid4().hex
     env = {
@@ -89,6 +91,12 @@ def job_env():
         except OSError:
             pass
     assert not left, f"processes left behind: {left}"
+
+
+@pytest.fixture
+def job_env():
+    with _tagged_env() as env:
+        yield env
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -323,32 +331,35 @@ def mpirun_cmd(n: int, *args) -> list:
     return [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", n, PYTHON, *args]
 
 
+@pytest.fixture(scope="module")
+def two_mpirun_jobs() -> Iterator[dict[int, tuple[int, str, str]]]:
+    """OpenMPI jobs of 2 and 3 ranks started at the same time, once for the tests that read
+    them (exit status, stdout, stderr by size): a job alone is the same battery without the
+    other job beside it, so the pair checks all that two single jobs did, and more."""
+    with _tagged_env() as env:
+        procs = [
+            subprocess.Popen(
+                [str(c) for c in mpirun_cmd(n, BATTERY, "--quick")],
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+            for n in (2, 3)
+        ]
+        yield dict(zip((2, 3), finish_ranks(procs, 80), strict=True))
+
+
 @needs_mpirun
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("n", [2, 3])
-def test_mpirun_battery(job_env, n):
-    # No MASTER_*: every rank derives one port from the job id (PMIX_NAMESPACE).
-    res = run_job(mpirun_cmd(n, BATTERY, "--quick"), job_env)
-    assert_battery_passed(res, n)
-
-
-@needs_mpirun
-@pytest.mark.timeout(90)
-def test_two_mpirun_jobs_at_once_each_find_their_own(job_env):
-    procs = [
-        subprocess.Popen(
-            [str(c) for c in mpirun_cmd(n, BATTERY, "--quick")],
-            env=job_env,
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        for n in (2, 3)
-    ]
-    for n, (code, out, err) in zip((2, 3), finish_ranks(procs, 80), strict=True):
-        assert_battery_passed(subprocess.CompletedProcess([], code, out, err), n)
+def test_mpirun_battery_two_jobs_at_once(two_mpirun_jobs, n):
+    # No MASTER_*: every rank derives one port from the job id (PMIX_NAMESPACE), so two
+    # jobs at once each find their own ranks and pass the battery.
+    code, out, err = two_mpirun_jobs[n]
+    assert_battery_passed(subprocess.CompletedProcess([], code, out, err), n)
 
 
 # --- MPICH hydra ------------------------------------------------------------------------------

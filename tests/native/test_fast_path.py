@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
-from tests._launch import REPO, describe, run_ranks, tagged, within
+from tests._launch import REPO, describe, run_bounded, run_ranks, tagged, within
 
 from pycollective.shm import arena
 
@@ -124,7 +123,7 @@ def test_peers_waiting_in_a_compiled_call_for_a_killed_rank_raise_within_a_tenth
         assert after["handed"] == before["handed"] + 1, describe(r)  # it was a compiled call
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(240)  # the job's 90 s, then diagnose's 120 s: bounds for a hang
 def test_a_timeout_in_a_compiled_call_names_the_rank_and_diagnose_finds_it(tmp_path) -> None:
     timeout = 1.5
     results = _job(
@@ -140,9 +139,11 @@ def test_a_timeout_in_a_compiled_call_names_the_rank_and_diagnose_finds_it(tmp_p
         before, after = tagged(r, "FAST")
         assert after["handed"] == before["handed"] + 1, describe(r)
     assert 2 in waited, [describe(r) for r in results]
-    out = subprocess.run(
+    # a hang of diagnose fails on its CPU time (it needs well under a second of it), not on
+    # the wall clock of a loaded machine (30 s of it did not do at load 14-18)
+    out = run_bounded(
         [sys.executable, "-m", "pycollective", "diagnose", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=30, cwd=REPO,
+        cpu_seconds=20, wall_seconds=120, cwd=REPO,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     facts = [f["facts"] for fs in json.loads(out.stdout).values() for f in fs]
