@@ -27,7 +27,9 @@ def test_tiny_run_has_every_column(tmp_path) -> None:
     data = json.loads(out_json.read_text())
     skipped = data["skipped"]
     assert "gloo" not in skipped, skipped["gloo"]  # torch is a test dependency
-    assert data["columns"] == ["pycollective", "gloo", "openmpi", "openmpi_in_place", "deepspeed"]
+    assert data["columns"] == [
+        "pycollective", "pycollective_shared", "gloo", "openmpi", "openmpi_in_place", "deepspeed"
+    ]  # fmt: skip
     # DeepSpeed takes part only where its own venv was built before (--no-install builds none);
     # either its column is filled at every all_reduce or the reason it is left out is said
     deepspeed = "deepspeed" not in skipped
@@ -47,6 +49,11 @@ def test_tiny_run_has_every_column(tmp_path) -> None:
             cols["gloo"]["time_us"] / cols["pycollective"]["time_us"]
         )
         assert cols["pycollective"]["ran"] == "shm", (key, cols)  # auto ran the arena
+        if key[1] == "all_reduce":  # also on pycollective.empty buffers, all_reduce only
+            assert cols["pycollective_shared"]["time_us"] > 0, (key, cols)
+            assert row["shared_vs_openmpi"] is None or row["shared_vs_openmpi"] > 0
+        else:
+            assert cols["pycollective_shared"] is None, (key, cols)
         if deepspeed and key[1] == "all_reduce":
             assert cols["deepspeed"]["time_us"] > 0, (key, cols)
         elif not deepspeed:
@@ -57,7 +64,10 @@ def test_tiny_run_has_every_column(tmp_path) -> None:
                 cols["openmpi_in_place"]["time_us"] / cols["pycollective"]["time_us"]
             )
     md = out_md.read_text()
-    assert "| collective | size | pycollective | gloo | OpenMPI | OpenMPI in place |" in md
+    assert (
+        "| collective | size | pycollective | pycollective, shared buffers | gloo | OpenMPI |"
+        " OpenMPI in place |" in md
+    )
     assert "| goal (issues 11, 20) |" in md and md in proc.stdout
     assert ("| vs DeepSpeed |" in md) == deepspeed
     if not mpi:
