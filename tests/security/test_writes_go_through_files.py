@@ -22,6 +22,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("_files.py", "os.link"): "the module every other write goes through",
     ("shm/arena.py", "os.open"): "segments: O_CREAT|O_EXCL 0600 random names; attach O_RDWR",
     ("shm/shared.py", "os.open"): "maps a peer's memfd through /proc/<pid>/fd, inode checked",
+    ("_load.py", "os.open"): "reads /proc/loadavg, O_RDONLY: writes nothing",
     ("cli/run/launch.py", "tempfile.mkdtemp"): "a fresh 0700 directory with a random name",
     ("cli/calibrate.py", "tempfile.TemporaryFile"): "anonymous: 0600 and never has a name",
     ("observe/flight.py", "tempfile.mkdtemp"): "a fresh 0700 directory with a random name",
