@@ -29,7 +29,8 @@ core of numpy copies and adds per second, the ceiling a rank's own work runs int
 
 With --runs N every job runs N times, each time in new processes, and a last table gives
 each cell's spread over the runs (min / median / max of the runs' medians, and max/min),
-OpenMPI's beside ours: `--runs 10 --jobs shm -b 64M -e 64M` is the 64 MiB spread.
+OpenMPI's beside ours: `--runs 10 --jobs shm -b 64M -e 64M` is the 64 MiB spread. The main
+table's cells, its ratios and the goals are then the median over the runs.
 
 Prints markdown tables, writes JSON (benchmarks/results/compare_peers.json) and, with
 --markdown FILE, the tables to a file; --readme README.md puts them into the README's speed
@@ -443,15 +444,52 @@ def build_rows(job: Job, result: dict) -> list[dict]:
             "ran": r.get("ran"),
         }
     for row in rows.values():
-        cols = row["columns"]
-        row["vs_gloo"] = _ratio(cols["gloo"], cols["pycollective"])
-        mpi = cols["openmpi_in_place"] or cols["openmpi"]
-        row["vs_openmpi"] = _ratio(mpi, cols["pycollective"])
-        row["vs_deepspeed"] = _ratio(cols["deepspeed"], cols["pycollective"])
-        row["shared_vs_openmpi"] = _ratio(mpi, cols["pycollective_shared"])
-        if row["collective"] == "all_reduce":
-            row["vs_openmpi_out_of_place"] = _ratio(cols["openmpi"], cols["pycollective"])
+        _add_ratios(row)
     return list(rows.values())
+
+
+def _add_ratios(row: dict) -> None:
+    cols = row["columns"]
+    row["vs_gloo"] = _ratio(cols["gloo"], cols["pycollective"])
+    mpi = cols["openmpi_in_place"] or cols["openmpi"]
+    row["vs_openmpi"] = _ratio(mpi, cols["pycollective"])
+    row["vs_deepspeed"] = _ratio(cols["deepspeed"], cols["pycollective"])
+    row["shared_vs_openmpi"] = _ratio(mpi, cols["pycollective_shared"])
+    if row["collective"] == "all_reduce":
+        row["vs_openmpi_out_of_place"] = _ratio(cols["openmpi"], cols["pycollective"])
+
+
+def median_rows(runs: list[list[dict]]) -> list[dict]:
+    """The first run's rows with each cell's time the median over the runs (busbw and
+    algbw scaled to it) and the ratios taken again: one noisy run then cannot decide a
+    goal. A cell missing or failed in some run keeps the first run's value."""
+    if len(runs) == 1:
+        return runs[0]
+    times: dict[tuple, list[float]] = {}
+    for run_rows in runs:
+        for row in run_rows:
+            for column, c in row["columns"].items():
+                if c and "time_us" in c:
+                    key = (row["job"], row["collective"], row["bytes"], column)
+                    times.setdefault(key, []).append(c["time_us"])
+    out = []
+    for row in runs[0]:
+        row = {**row, "columns": dict(row["columns"])}
+        for column, c in row["columns"].items():
+            got = times.get((row["job"], row["collective"], row["bytes"], column), [])
+            if not c or "time_us" not in c or len(got) < len(runs):
+                continue
+            median = statistics.median(got)
+            scale = c["time_us"] / median if median > 0 else 1.0
+            row["columns"][column] = {
+                **c,
+                "time_us": median,
+                "busbw_GBps": c["busbw_GBps"] * scale,
+                "algbw_GBps": c["algbw_GBps"] * scale,
+            }
+        _add_ratios(row)
+        out.append(row)
+    return out
 
 
 def _ratio(theirs: dict | None, ours: dict | None) -> float | None:
@@ -1139,7 +1177,7 @@ def main(argv: list[str] | None = None) -> int:
                     results.append(res)  # a failed later run is reported too
                 run_rows += build_rows(job, res)
             runs.append(run_rows)
-        rows = runs[0] if runs else []
+        rows = median_rows(runs) if runs else []
         if xjobs:
             xresults = run_crosshost(xjobs, backends_all, mpirun, args)
             for job in xjobs:
@@ -1162,7 +1200,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{max(during):.2f} during the run (its own ranks add about 2"
         + (f"; stress-ng --cpu {args.stress} beside them" if args.stress else "")
         + f"), {load_after[0]:.2f} after; "
-        f"float32, median of >= {args.min_reps} repetitions; torch {facts['torch']} (gloo), "
+        f"float32, median of >= {args.min_reps} repetitions"
+        + (f" (cells: the median of {args.runs} runs' medians)" if args.runs > 1 else "")
+        + f"; torch {facts['torch']} (gloo), "
         f"{mpi_lib or 'OpenMPI not measured'}, mpi4py {facts['mpi4py']}"
         + (
             f", {ds_lib} (torch.ops.deepspeed.inference_all_reduce_, DS_ACCELERATOR=cpu)"

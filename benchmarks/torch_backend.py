@@ -9,10 +9,12 @@ and a gloo one, and two copies of each model (one per group, same initial weight
 copies take turns, round by round (the order alternating), so the load of a shared
 machine falls on both alike. A step is forward, backward (DDP's buckets all-reduce during
 it; FSDP2 all-gathers and reduce-scatters per layer) and an SGD update; its time is the
-slowest rank's median over rounds. Models: the 30 MB Fashion-MNIST CNN of
-examples/fashion_mnist/models.py (7.5 M parameters, batch 32) and a small transformer
-block (d_model 256, 4 heads, feed-forward 1024, batch 8 x 64 tokens). One intra-op thread
-per rank.
+slowest rank's median over rounds. With DDP the same step is also timed under no_sync()
+(its all-reduce left out, the compute floor), in the same rounds: step - floor is the
+communication a step exposes, the part a faster backend can shorten. Models: the 30 MB
+Fashion-MNIST CNN of examples/fashion_mnist/models.py (7.5 M parameters, batch 32) and a
+small transformer block (d_model 256, 4 heads, feed-forward 1024, batch 8 x 64 tokens).
+One intra-op thread per rank.
 
 The call rows time one torch.distributed.all_reduce through each group, and the same
 through pycollective's own API on the group underneath the torch one (a numpy array): the
@@ -112,27 +114,43 @@ def _rank_main(args: argparse.Namespace) -> None:
             loss_of(model_name, nets[b](x), y).backward()
             opts[b].step()
 
+        def local_step(b: str) -> None:
+            # The same step with DDP's all-reduce left out (no_sync): the compute floor, so
+            # step - floor is the communication a step exposes (what overlap did not hide).
+            with nets[b].no_sync():
+                step(b)
+
         for b in nets:  # warm-up: buckets built, buffers allocated
             for _ in range(2):
                 step(b)
-        times: dict[str, list[float]] = {b: [] for b in nets}
-        cpu: dict[str, list[float]] = {b: [] for b in nets}
-        order = list(nets)
+        # "<backend>" rows time the step; with DDP, "<backend>_local" rows time the same
+        # step without its all-reduce, in the same rounds (the order alternating).
+        kinds = [(b, step) for b in nets]
+        if how == "ddp":
+            kinds += [(f"{b}_local", local_step) for b in nets]
+        times: dict[str, list[float]] = {k: [] for k, _ in kinds}
+        cpu: dict[str, list[float]] = {k: [] for k, _ in kinds}
         for r in range(args.rounds):
-            for b in order if r % 2 == 0 else order[::-1]:
+            for k, fn in kinds if r % 2 == 0 else kinds[::-1]:
+                b = k.removesuffix("_local")
                 dist.barrier(group=groups[b])
                 t0, c0 = time.perf_counter(), time.process_time()
                 for _ in range(args.steps):
-                    step(b)
-                times[b].append((time.perf_counter() - t0) / args.steps)
-                cpu[b].append((time.process_time() - c0) / args.steps)
+                    fn(b)
+                times[k].append((time.perf_counter() - t0) / args.steps)
+                cpu[k].append((time.process_time() - c0) / args.steps)
         row = {"model": model_name, "wrapper": how, "ranks": n}
-        for b, ts in times.items():
-            row[f"{b}_ms"] = round(slowest(statistics.median(ts)) * 1e3, 2)
+        for k, ts in times.items():
+            row[f"{k}_ms"] = round(slowest(statistics.median(ts)) * 1e3, 2)
             # CPU time of the rank's whole process (every thread): what a step costs the
             # machine, which a loaded machine's scheduling does not blur as it does the clock
-            row[f"{b}_cpu_ms"] = round(slowest(statistics.median(cpu[b])) * 1e3, 2)
+            row[f"{k}_cpu_ms"] = round(slowest(statistics.median(cpu[k])) * 1e3, 2)
         row["ratio"] = round(row["gloo_ms"] / row["pycollective_ms"], 3)
+        if how == "ddp":
+            for b in nets:  # exposed communication a step (never below 0: noise)
+                row[f"{b}_exposed_ms"] = round(max(0.0, row[f"{b}_ms"] - row[f"{b}_local_ms"]), 2)
+            ours = row["pycollective_exposed_ms"]
+            row["exposed_ratio"] = round(row["gloo_exposed_ms"] / ours, 3) if ours > 0 else None
         return row
 
     results = [
@@ -230,15 +248,22 @@ def _launch(n: int, args: argparse.Namespace) -> dict:
 def _tables(runs: list[dict], load: list[str]) -> str:
     lines = [
         "| model | wrapper | ranks | gloo ms/step | pycollective ms/step | gloo / pycollective "
-        "| CPU ms/step gloo | CPU ms/step pycollective |",
-        "|---|---|--:|--:|--:|--:|--:|--:|",
+        "| CPU ms/step gloo | CPU ms/step pycollective "
+        "| exposed comm ms gloo | exposed comm ms pycollective | gloo / pycollective, exposed |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for run in runs:
         for r in run["steps"]:
+            exposed = "| - | - | - |"
+            if "exposed_ratio" in r:
+                x = r["exposed_ratio"]
+                exposed = f"| {r['gloo_exposed_ms']} | {r['pycollective_exposed_ms']} | " + (
+                    f"{x:.2f}x |" if x is not None else "- |"
+                )
             lines.append(
                 f"| {r['model']} | {r['wrapper']} | {r['ranks']} | {r['gloo_ms']} | "
                 f"{r['pycollective_ms']} | {r['ratio']:.2f}x | {r['gloo_cpu_ms']} | "
-                f"{r['pycollective_cpu_ms']} |"
+                f"{r['pycollective_cpu_ms']} {exposed}"
             )
     lines += [
         "",

@@ -209,3 +209,28 @@ def test_spread_over_runs() -> None:
     assert ours["max_over_min"] == pytest.approx(32_800 / 12_000)
     table = "\n".join(cp.markdown_spread(list(spread.values()), 3))
     assert "| shm | all_reduce | 64 MiB | pycollective | 12 ms | 13 ms | 32.8 ms | 2.73 |" in table
+
+
+def test_main_table_and_goals_take_the_median_over_runs() -> None:
+    job = cp.Job("shm", "t", 2, [], "shm")
+    big = 64 << 20
+    runs = [
+        cp.build_rows(job, {"records": [_rec("shm", "auto", "all_reduce", big, ours),
+                                        _rec("openmpi", "in_place", "all_reduce", big, mpi)]})
+        for ours, mpi in ((40_000.0, 30_000.0), (10_000.0, 33_000.0), (11_000.0, 36_000.0))
+    ]  # fmt: skip
+    assert cp.median_rows(runs[:1]) is runs[0]  # one run: its own rows
+    (row,) = cp.median_rows(runs)
+    ours, mpi = row["columns"]["pycollective"], row["columns"]["openmpi_in_place"]
+    assert (ours["time_us"], mpi["time_us"]) == (11_000.0, 33_000.0)
+    # busbw follows the median time; the first (noisy) run alone would say 0.75x
+    first = runs[0][0]["columns"]["pycollective"]
+    assert ours["busbw_GBps"] == pytest.approx(first["busbw_GBps"] * 40 / 11)
+    assert row["vs_openmpi"] == pytest.approx(3.0)
+    assert runs[0][0]["vs_openmpi"] == pytest.approx(0.75)  # the first run's rows untouched
+    goals = {g["goal"]: g for g in cp.targets([row], big, 4)}
+    assert goals["all_reduce 4 MiB and up vs OpenMPI"]["value"] == pytest.approx(3.0)
+    # a cell that failed in one run keeps the first run's time
+    runs[1][0]["columns"]["openmpi_in_place"] = {"error": "died"}
+    (row,) = cp.median_rows(runs)
+    assert row["columns"]["openmpi_in_place"]["time_us"] == 30_000.0
