@@ -14,6 +14,8 @@ ranks, a barrier before each call:
   leaders   the hierarchy's leader variant (reduce to each host's first rank, all-reduce
             among those, broadcast), forced on an even layout;
   ring      the flat ring over TCP across every rank;
+  recursive_doubling, halving_doubling
+            those flat algorithms forced, the same way;
   gloo      torch.distributed's gloo (its flat ring over TCP, loopback inside a host).
 
 Per call and rank: wall time, the process's CPU time (all its threads), the time it was
@@ -47,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-MODES = ("auto", "leaders", "ring", "gloo")
+MODES = ("auto", "leaders", "ring", "recursive_doubling", "halving_doubling", "gloo")
 KEYS = ("wall", "cpu", "blocked", "csw", "machine_busy", "machine_softirq", "queued")
 
 
@@ -154,7 +156,7 @@ def _rank(cfg: dict) -> None:
                 if mode == "gloo":
                     td.all_reduce(t)
                 else:
-                    dist.all_reduce(x, algorithm="ring" if mode == "ring" else None)
+                    dist.all_reduce(x, algorithm=None if mode in ("auto", "leaders") else mode)
                 s1 = sample()
                 for key, v0, v1 in zip(KEYS, s0, s1, strict=True):
                     rows[mode].setdefault(key, []).append(v1 - v0)
