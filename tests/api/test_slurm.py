@@ -1,6 +1,6 @@
 """Under a real Slurm, not only its environment: a one-node cluster on this host (munged,
-slurmctld, slurmd; tests/api/_slurm.py) runs the all-collectives battery under `srun -n 2`
-and `srun -n 4`, and the sbatch script of docs/multihost.md; where slurmd runs inside the
+slurmctld, slurmd; tests/api/_slurm.py) runs the all-collectives battery under `srun -n 3`,
+and the sbatch script of docs/multihost.md (2 tasks); where slurmd runs inside the
 namespace hosts of tools/nethosts.py, a two-node `srun -N 2` job too. Every rank finds the
 others from SLURM_* alone (init_process_group() with no arguments, no MASTER_*).
 Skipped, saying why, where Slurm is not installed or cannot start."""
@@ -73,7 +73,11 @@ def cluster():
     shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.mark.parametrize("n", [2, 4])
+# One job at 3 ranks, not one at 2 and one at 4: what srun adds is the SLURM_* environment
+# the ranks find each other from, the same at any size (the sbatch script below runs 2
+# tasks, the namespace hosts' job 4 on two nodes); 3 is an odd size, so rings and trees are
+# not symmetric; the battery at every size 1-8 runs in tests/shm and tests/api.
+@pytest.mark.parametrize("n", [3])
 def test_srun_battery(cluster, n):
     res = cluster.run(["srun", "-n", n, PYTHON, BATTERY, "--quick"], env=job_env(), cwd=REPO)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
