@@ -14,6 +14,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -109,13 +110,32 @@ def test_the_docs_sbatch_script(cluster, tmp_path):
     (tmp_path / "job.sbatch").write_text(sbatch_script())
     (tmp_path / "train.py").write_text(TRAIN)
     res = cluster.run(
-        ["sbatch", "--wait", "--nodes=1", "--ntasks-per-node=2", "--output=job.out",
+        ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--output=job.out",
          "job.sbatch"],
         env=job_env(), cwd=tmp_path,
     )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr + cluster.logs()
+    state = _wait_for_job(cluster, res.stdout.strip().split(";")[0])
     out = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
-    assert res.returncode == 0, res.stdout + res.stderr + out + cluster.logs()
+    assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, state + out + cluster.logs()
     assert sorted(re.findall(r"train\.py: rank (\d) of 2 ok", out)) == ["0", "1"], out
+
+
+_DONE = re.compile(r"JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|"
+                   r"PREEMPTED|BOOT_FAIL|DEADLINE)\b")  # fmt: skip
+
+
+def _wait_for_job(cluster, job_id: str, timeout: float = 120.0) -> str:
+    """The job's `scontrol show job` line once it ended (polled every 0.2 s). `sbatch
+    --wait` polls coarsely: here it returned after 2.0 s or after 10.0 s, whenever the job
+    took a little more than 2."""
+    deadline = time.monotonic() + timeout
+    while True:
+        res = cluster.run(["scontrol", "show", "job", "-o", job_id], timeout=30)
+        if _DONE.search(res.stdout):
+            return res.stdout
+        assert time.monotonic() < deadline, f"job {job_id} not done in {timeout:g} s: {res.stdout}"
+        time.sleep(0.2)
 
 
 _NS = nethosts.available()
