@@ -46,8 +46,9 @@ system-deps:
 		echo "note: optional packages missing:$$missing$$small (sudo apt-get install$$missing$$small); their tests will skip"; \
 	fi
 
+# --durations: every log (CI's too) names the 30 slowest tests, where the suite's time goes.
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 # Ray (not part of `test`: Ray and Ray Train are large): its own venv, .venv-ray, with
 # ray[train] 2.60.0 and the same CPU torch, then tests/ray: pycollective as a

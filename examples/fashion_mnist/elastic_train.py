@@ -15,6 +15,8 @@ lost worker's samples of a step that is redone are split among the survivors).
 The leader (the member of rank 0 at the time) appends one line per committed update to
 --steps-log: update, loss over the global batch, members, round. With --kill-at S, the
 worker whose launcher RANK is --kill-rank SIGKILLs itself in the middle of update S.
+With --stop-after-rejoin N the run ends N updates after a replacement joined (the
+membership back to its initial size) rather than at --samples, which stays the bound.
 Every member prints `FINAL {json}` at the end with a digest of its parameters and
 optimizer state, to show they are the same bit for bit.
 """
@@ -64,6 +66,28 @@ def _digest(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
     return h.hexdigest()[:16]
 
 
+class UpdatesToRun:
+    """The `total` of manager.steps(): `steps`, or with `after` > 0, `after` updates past
+    the first round (not the first) whose members are as many as the job started with and
+    that someone joined: a replacement is in, and the run stops once it has shown that the
+    job goes on with it. Every member of that round, the replacement too, records the same
+    round at the same committed step (Event.step), so all stop at the same update."""
+
+    def __init__(self, manager: elastic.Manager, steps: int, after: int) -> None:
+        self.manager, self.steps, self.after = manager, steps, after
+
+    def limit(self) -> int:
+        if self.after:
+            full = self.manager.initial_size
+            for e in self.manager.events:
+                if e.round > 0 and e.joined and len(e.members) >= full:
+                    return min(self.steps, e.step + self.after)
+        return self.steps
+
+    def __le__(self, step: int) -> bool:  # what manager.steps() asks: `total <= step`
+        return self.limit() <= step
+
+
 def main(
     args: argparse.Namespace,
     *,
@@ -103,7 +127,7 @@ def main(
     log_path = Path(args.steps_log) if args.steps_log else None
     started = _process_start()
     first_commit = first_cpu = None
-    for step in manager.steps(steps):
+    for step in manager.steps(UpdatesToRun(manager, steps, args.stop_after_rejoin)):
         idx = torch.from_numpy(sampler.indices())
         optimizer.zero_grad()
         loss = nn.functional.cross_entropy(net(x_train[idx]), y_train[idx]) if len(idx) else None

@@ -87,6 +87,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--kill-rank", type=int, default=1, help="the RANK that --kill-at kills")
     p.add_argument("--steps-log", default=None, help="elastic: the leader appends each update here")
+    p.add_argument(
+        "--stop-after-rejoin", type=int, default=0, metavar="N",
+        help="elastic: stop N updates after the first round that brings the membership back "
+        "to its initial size after a change (a replacement joined); --samples/--steps stay "
+        "the upper bound (0: off)",
+    )  # fmt: skip
     p.add_argument("--save-params", default=None, help="rank 0 writes the parameters (.npy)")
     p.add_argument("--metrics", default=None, help="rank 0 writes its JSON report here")
     p.add_argument("--seed", type=int, default=0)
@@ -95,6 +101,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("batch", "accumulate"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.stop_after_rejoin < 0:
+        p.error(f"--stop-after-rejoin must be >= 0 updates, got {args.stop_after_rejoin}")
+    if args.stop_after_rejoin and args.mode != "elastic":
+        p.error("--stop-after-rejoin is for --mode elastic only")
     return args
 
 

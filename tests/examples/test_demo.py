@@ -204,13 +204,15 @@ def test_contention_on_namespace_hosts(tmp_path) -> None:
 @pytest.mark.parametrize("flag", ["--gloo", None])
 def test_torch_basics_under_both_imports(flag: str | None) -> None:
     script = REPO / "examples" / "torch_basics.py"
-    cmd = [sys.executable, "-m", "pycollective", "run", "-n", "3", sys.executable, str(script)]
+    # 2 ranks: the example's two calls under each import need no more, and every rank is a
+    # torch start (seconds of CPU); odd sizes are covered by tests/torch and tests/api
+    cmd = [sys.executable, "-m", "pycollective", "run", "-n", "2", sys.executable, str(script)]
     res = subprocess.run(cmd + ([flag] if flag else []), cwd=REPO, env=_env(),
                          capture_output=True, text=True, timeout=110)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
-    for rank in range(3):
+    for rank in range(2):
         assert f"rank {rank}: broadcast from rank 0 gave 123.0" in res.stdout
-        assert f"rank {rank}: all_reduce of the ranks 0..2 gave 3.0" in res.stdout
+        assert f"rank {rank}: all_reduce of the ranks 0..1 gave 1.0" in res.stdout
 
 
 def test_a_mode_is_one_registration(tmp_path) -> None:

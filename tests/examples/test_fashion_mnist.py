@@ -1,6 +1,7 @@
 """examples/fashion_mnist: the IDX loader on small files the tests write (and corrupt), and
-train.py end to end on a tiny synthetic dataset in every mode: one process and DDP with
-gradient accumulation compute the same parameters."""
+train.py end to end on a tiny synthetic dataset in every mode: one process (killed and
+resumed from its checkpoint) and DDP with gradient accumulation compute the same
+parameters."""
 
 from __future__ import annotations
 
@@ -95,8 +96,11 @@ def test_models_have_the_advertised_sizes() -> None:
     assert 7_400_000 < large < 7_600_000  # about 30 MB of float32
 
 
-def _train(tmp_path, name: str, launch: list[str], *args: str) -> tuple[dict, np.ndarray]:
-    """One train.py run on the synthetic data in tmp_path/data; its report and parameters."""
+def _train(
+    tmp_path, name: str, launch: list[str], *args: str
+) -> tuple[dict, np.ndarray, subprocess.CompletedProcess[str]]:
+    """One train.py run on the synthetic data in tmp_path/data; its report, parameters and
+    the finished process (its output)."""
     metrics, params = tmp_path / f"{name}.json", tmp_path / f"{name}.npy"
     train = [str(EXAMPLE / "train.py"), "--data-dir", str(tmp_path / "data"), "--no-progress",
              "--metrics", str(metrics), "--save-params", str(params), "--eval-points", "3",
@@ -107,7 +111,7 @@ def _train(tmp_path, name: str, launch: list[str], *args: str) -> tuple[dict, np
     env["PYCOLLECTIVE_TRANSPORT"] = "tcp"
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=110)
     assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads(metrics.read_text()), np.load(params)
+    return json.loads(metrics.read_text()), np.load(params), res
 
 
 @pytest.fixture
@@ -117,23 +121,34 @@ def synthetic(tmp_path):
     return tmp_path
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)  # two runs of up to 110 s each (one restarted), in a row
 def test_modes_compute_the_same_updates(synthetic) -> None:
     """Same samples, same order: one process with batch 32, and 2 workers (DDP on the
     pycollective backend) accumulating 2 micro-batches of 8 each per all-reduce, end with
     the same parameters. (That accumulating halves the bytes per sample, against 2 workers
-    without it, is checked on the demo's own runs in test_demo.py.)"""
-    single, p1 = _train(synthetic, "single", [], "--mode", "single", "--samples", "256",
-                        "--batch", "32", "--checkpoint", str(synthetic / "ck.pt"))  # fmt: skip
-    acc, p2 = _train(synthetic, "acc", ["-n", "2"], "--mode", "allreduce", "--samples", "256",
-                     "--batch", "32", "--accumulate", "2")  # fmt: skip
+    without it, is checked on the demo's own runs in test_demo.py.)
+
+    The one process is killed in update 7 and restarted by `pycollective run
+    --max-restarts 1`: it resumes from its checkpoint of update 6, and still ends where the
+    workers do (one job shows both, instead of a separate restart job: a torch start less)."""
+    ck = synthetic / "ck.pt"
+    single, p1, res = _train(synthetic, "single", ["-n", "1", "--max-restarts", "1"],
+                             "--mode", "single", "--samples", "256", "--batch", "32",
+                             "--checkpoint", str(ck), "--checkpoint-every", "2",
+                             "--kill-at", "7", "--kill-rank", "0")  # fmt: skip
+    assert "rank 0 was killed by SIGKILL" in res.stderr
+    assert "restarting every rank (restart 1 of 1)" in res.stderr
+    assert "[rank 0]: resumed from" in res.stdout and "at update 6 (restart 1)" in res.stdout
+    assert "single x1 (accumulate 1): test accuracy" in res.stdout
+    acc, p2, _ = _train(synthetic, "acc", ["-n", "2"], "--mode", "allreduce",
+                        "--samples", "256", "--batch", "32", "--accumulate", "2")  # fmt: skip
     assert single["steps"] == acc["steps"] == 8 and acc["micro_batch"] == 8
     # 8 Adam updates: float rounding (the all-reduce sums in another order) stays ~1e-7; over
     # many updates Adam's m / sqrt(v) turns it into up to lr where a gradient is near 0
     np.testing.assert_allclose(p2, p1, rtol=0, atol=1e-5)
     assert single["test_accuracy"] > 0.3  # learning (10 classes: 0.1 by chance)
     assert abs(acc["test_accuracy"] - single["test_accuracy"]) <= 1 / 128  # one image at most
-    assert (synthetic / "ck.pt").exists()
+    assert ck.exists()
     assert single["bytes_sent_per_step"] == 0
     # one all-reduce per update whatever k: the ring sends 2 (p-1)/p = 1 gradient per worker
     n = 4 * acc["parameters"]
@@ -145,8 +160,8 @@ def test_modes_compute_the_same_updates(synthetic) -> None:
 
 @pytest.mark.timeout(120)
 def test_parameter_server_end_to_end(synthetic) -> None:
-    report, _ = _train(synthetic, "ps", ["-n", "2", "--servers", "1"], "--mode", "ps",
-                       "--samples", "2048", "--batch", "32")  # fmt: skip
+    report, _, _ = _train(synthetic, "ps", ["-n", "2", "--servers", "1"], "--mode", "ps",
+                          "--samples", "2048", "--batch", "32")  # fmt: skip
     assert report["steps"] == 64 and report["workers"] == 2 and report["servers"] == 1
     assert report["test_accuracy"] > 0.5
     # each worker pushes its whole gradient to the one server and pulls it back, every step

@@ -1,7 +1,8 @@
-"""train.py under failures, on a tiny synthetic dataset: --max-restarts resumes from the
-checkpoint, and --mode elastic (pycollective.elastic with the DDP-shaped wrappers) goes on
-without the killed worker, takes in a replacement, and ends with every member holding the
-same parameters and optimizer state, bit for bit."""
+"""train.py under failures, on a tiny synthetic dataset: --mode elastic (pycollective.elastic
+with the DDP-shaped wrappers) goes on without the killed worker, takes in a replacement, and
+ends with every member holding the same parameters and optimizer state, bit for bit.
+(--max-restarts resuming from the checkpoint is checked in test_fashion_mnist.py, on the
+one-process run that the DDP runs are compared with.)"""
 
 from __future__ import annotations
 
@@ -32,28 +33,17 @@ def _run(tmp_path, launch: list[str], *args: str) -> subprocess.CompletedProcess
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=150)
 
 
-@pytest.mark.timeout(180)
-def test_a_restarted_job_resumes_from_its_checkpoint(synthetic):
-    # one rank (the cheapest job): killed in update 10, restarted, resumed from update 8
-    ck = synthetic / "ck.pt"
-    res = _run(synthetic, ["-n", "1", "--max-restarts", "1"],
-               "--mode", "single", "--samples", "512", "--batch", "32",
-               "--checkpoint", str(ck), "--checkpoint-every", "4", "--kill-at", "10",
-               "--kill-rank", "0", "--eval-points", "2")  # fmt: skip
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "rank 0 was killed by SIGKILL" in res.stderr
-    assert "restarting every rank (restart 1 of 1)" in res.stderr
-    assert "[rank 0]: resumed from" in res.stdout and "at update 8 (restart 1)" in res.stdout
-    assert "single x1 (accumulate 1): test accuracy" in res.stdout
-
-
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(180)  # the run's own bound is 150 s
 def test_elastic_mode_loses_a_worker_takes_a_replacement_and_stays_identical(synthetic):
     log = synthetic / "steps.jsonl"
-    # two workers (the fewest torch processes): one is killed, the other goes on alone
+    # two workers (the fewest torch processes): one is killed, the other goes on alone.
+    # 500 updates are the allowance for the replacement's start (a torch import, seconds on
+    # a loaded machine); the run stops 10 updates after it joined, which is enough to show
+    # that it trains in step with the survivor (the digests) without running out the 500.
     res = _run(synthetic, ["-n", "2", "--elastic", "1:2", "--max-restarts", "1"],
                "--mode", "elastic", "--samples", "12000", "--batch", "24", "--kill-at", "12",
-               "--kill-rank", "1", "--steps-log", str(log))  # fmt: skip
+               "--kill-rank", "1", "--steps-log", str(log),
+               "--stop-after-rejoin", "10")  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     assert "rank 1 was killed by SIGKILL; 1 rank goes on and rank 2 starts to replace it" in (
         res.stderr
@@ -61,12 +51,28 @@ def test_elastic_mode_loses_a_worker_takes_a_replacement_and_stays_identical(syn
     finals = [json.loads(m) for m in re.findall(r"^\[rank \d\]: FINAL (\{.*\})$", res.stdout, re.M)]
     assert sorted(f["launcher_rank"] for f in finals) == ["0", "2"]
     assert len({f["digest"] for f in finals}) == 1  # bit for bit, the replacement too
-    assert {f["step"] for f in finals} == {500}
+    (last,) = {f["step"] for f in finals}
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     steps = [s for s in lines if "step" in s]
     assert [k["killed"] for k in lines if "killed" in k] == [12]
     # every update committed once, in order, none lost: the curve has no gap
-    assert [s["step"] for s in steps] == list(range(1, 501))
+    assert [s["step"] for s in steps] == list(range(1, last + 1))
     members = [s["members"] for s in steps]
     assert members[0] == 2 and 1 in members and members[-1] == 2  # lost one, got one back
+    # stopped 10 updates after the round the replacement joined, well before the allowance
+    rejoined = members.index(2, members.index(1))
+    assert last == rejoined + 10 < 500 and members[rejoined:] == [2] * 10
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(steps[:-1], steps[1:], strict=True)) < 2.5
+
+
+def test_stop_after_rejoin_is_checked() -> None:
+    sys.path.insert(0, str(TRAIN.parent))
+    try:
+        import train
+    finally:
+        sys.path.remove(str(TRAIN.parent))
+    assert train.parse(["--mode", "elastic", "--stop-after-rejoin", "5"]).stop_after_rejoin == 5
+    for bad in (["--mode", "elastic", "--stop-after-rejoin", "-1"],
+                ["--mode", "single", "--stop-after-rejoin", "5"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            train.parse(bad)

@@ -1,7 +1,7 @@
 """One rank of a job whose ranks pretend to sit on several hosts (PYCOLLECTIVE_HOST_ID).
 Run by tests/hierarchy/test_hierarchy_jobs.py.
 
-    python tests/hierarchy/_worker.py SCENARIO
+    python tests/hierarchy/_worker.py SCENARIO[,SCENARIO...]
 
 Prints `RESULT {json}` lines; exits 0 only if every check passed.
 """
@@ -178,17 +178,19 @@ def kill() -> None:
 def main() -> int:
     os.environ.setdefault("PYCOLLECTIVE_TIMEOUT", "20")
     dist.init_process_group()
-    scenario = sys.argv[1]
-    if scenario == "correctness":
-        correctness()
-    elif scenario == "traffic":
-        traffic()
-    elif scenario == "kill":
-        kill()
-    elif scenario.startswith("mismatch:"):
-        mismatch(scenario.split(":", 1)[1])
-    else:
-        raise SystemExit(f"unknown scenario {scenario}")
+    # several scenarios run one after the other in the same job (traffic last: it wraps the
+    # transport in a counter)
+    for scenario in sys.argv[1].split(","):
+        if scenario == "correctness":
+            correctness()
+        elif scenario == "traffic":
+            traffic()
+        elif scenario == "kill":
+            kill()
+        elif scenario.startswith("mismatch:"):
+            mismatch(scenario.split(":", 1)[1])
+        else:
+            raise SystemExit(f"unknown scenario {scenario}")
     failed = bool(battery.failures)
     try:
         dist.destroy_process_group()

@@ -3,28 +3,33 @@ backend) or through pycollective.ps parameter servers; saves each worker's final
 parameters to OUT.rank<R>.pt.
 
     ps_worker.py allreduce|ps OUT [--steps K] [--batch B] [--ps-mode sync|async]
+
+A server never imports torch (pycollective.ps serves numpy): torch is imported once the
+process knows it trains, which spares each server rank a torch start (seconds of CPU).
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
-import torch.distributed as dist
-import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-import torch
 from pycollective import ps
 
 LR, MOMENTUM = 0.05, 0.9
 
 
-def model() -> nn.Module:
+def model() -> Any:
+    import torch.nn as nn
+
+    import torch
+
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(10, 16), nn.Tanh(), nn.Linear(16, 3))
 
 
 def batches(steps: int, worker: int, workers: int, batch: int):
+    import torch
+
     gen = torch.Generator().manual_seed(99)
     mine = slice(worker * batch, (worker + 1) * batch)
     for _ in range(steps):
@@ -41,10 +46,23 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--ps-mode", default="sync")
     args = p.parse_args()
+    roles = ps.init() if args.mode == "ps" else None
+    if roles is not None and roles.is_server:
+        stats = ps.serve(roles)
+        print(f"server {roles.server_index} updates={stats.updates} pushes={stats.pushes}")
+        ps.shutdown()
+        return
+
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import torch
+
     torch.set_num_threads(1)
     net = model()
 
-    if args.mode == "allreduce":
+    if roles is None:
         dist.init_process_group("pycollective")
         rank, workers = dist.get_rank(), dist.get_world_size()
         ddp = DDP(net)
@@ -55,12 +73,6 @@ def main() -> None:
             opt.step()
         dist.destroy_process_group()
     else:
-        roles = ps.init()
-        if roles.is_server:
-            stats = ps.serve(roles)
-            print(f"server {roles.server_index} updates={stats.updates} pushes={stats.pushes}")
-            ps.shutdown()
-            return
         rank, workers = roles.worker_index, roles.num_workers
         params = list(net.parameters())
         client = ps.Client(roles, params, {"name": "sgd", "lr": LR, "momentum": MOMENTUM},

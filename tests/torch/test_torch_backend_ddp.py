@@ -3,7 +3,8 @@
 The worker is a plain torch script: it never imports pycollective (the backend comes from
 the package's "torch.backends" entry point), so this is also the drop-in check. Each
 launch runs several scenarios in one process group (plain DDP, fp16 and bf16 compression
-hooks, no_sync gradient accumulation) to keep process start-ups few.
+hooks, no_sync gradient accumulation) to keep process start-ups few, and gloo's reference
+runs in the same processes over a gloo group made beside the default one.
 """
 
 from __future__ import annotations
@@ -27,16 +28,26 @@ State = dict[str, torch.Tensor]
 
 
 @cache
-def _run(backend: str, n: int) -> dict[str, list[State]]:
-    """Final parameters per scenario, per rank (cached: several tests read one run)."""
+def _runs(n: int) -> dict[str, dict[str, list[State]]]:
+    """Final parameters per backend ("pycollective": the default group's; "gloo": a gloo
+    group's in the same processes), per scenario, per rank (cached: several tests read
+    one run). One job, not one per backend: each rank is a torch start, seconds of CPU."""
     OUT.mkdir(parents=True, exist_ok=True)
-    prefix = str(OUT / f"{backend}{n}.{os.getpid()}")
-    args = (backend, prefix, "--steps", STEPS, "--batch", "8", "--scenarios", SCENARIOS[n])
+    prefix = str(OUT / f"pycollective{n}.{os.getpid()}")
+    args = ("pycollective", prefix, "--steps", STEPS, "--batch", "8",
+            "--scenarios", SCENARIOS[n], "--reference", "gloo")  # fmt: skip
     assert_all_ok(run_ranks(WORKER, n, args, timeout=100))
     return {
-        s: [torch.load(f"{prefix}.{s}.rank{r}.pt") for r in range(n)]
-        for s in SCENARIOS[n].split(",")
+        backend: {
+            s: [torch.load(f"{path}.{s}.rank{r}.pt") for r in range(n)]
+            for s in SCENARIOS[n].split(",")
+        }
+        for backend, path in (("pycollective", prefix), ("gloo", f"{prefix}.gloo"))
     }
+
+
+def _run(backend: str, n: int) -> dict[str, list[State]]:
+    return _runs(n)[backend]
 
 
 def _max_diff(a: State, b: State) -> float:
@@ -61,7 +72,7 @@ def test_every_scenario_ranks_agree_bitwise_and_match_gloo(n: int) -> None:
         assert diff < 1e-5, f"{scenario}: differs from gloo by {diff}"
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)  # the job (up to 100 s) if no test before ran it, then 60 s
 def test_two_workers_batch_b_match_one_process_batch_2b(tmp_path) -> None:
     ddp = _run("pycollective", 2)["plain"][0]
     out = str(tmp_path / "single")
@@ -81,7 +92,7 @@ def test_two_workers_batch_b_match_one_process_batch_2b(tmp_path) -> None:
     assert _max_diff(single, ddp_worker.model().state_dict()) > 1e-2
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)  # the job (up to 100 s) if no test before ran it
 def test_scenarios_really_differ() -> None:
     """The hooks and accumulation change the result, so each comparison tests its path."""
     ours = _run("pycollective", 2)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from tests._launch import REPO
@@ -46,3 +47,22 @@ def test_every_exclusion_and_subset_entry_names_a_real_test() -> None:
                  *torch_suite.EXCLUDED_IN_GLOO_PLACE):  # fmt: skip
         assert name in names, f"{name} is not a test of torch's suite"
     assert len(torch_suite.SUBSET) >= 40
+
+
+
+def _polls_then_waits() -> float:
+    time.sleep(0.1)  # a poll
+    time.sleep(0.25)  # a test's own wait
+    return time.monotonic()
+
+
+def test_only_the_harness_polls_are_shortened(monkeypatch) -> None:
+    """The faster polls change a sleep of torch's poll interval (0.1 s) in the functions
+    given, and nothing else: other sleeps, time.monotonic and the original stay as they are."""
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    fast = torch_suite._with_faster_polls(_polls_then_waits)
+    assert fast.__name__ == "_polls_then_waits" and fast() > 0
+    assert slept == [torch_suite._POLL_SECONDS, 0.25]
+    _polls_then_waits()  # the original is unchanged
+    assert slept[2:] == [0.1, 0.25]
