@@ -12,6 +12,7 @@ call by call in the same ranks, a barrier before each call:
   tcp-nosend   without the send helper (transport/tcp/sender.py);
   tcp-norecv   without the receive helper (transport/tcp/receiver.py);
   tcp-plain    without either (one thread reads, reduces and writes);
+  tcp-nosink   the receive helper for plain payloads only (a reduction reads its own);
   tcp-pNk[-wM] the receive helper reading N KiB pieces (N a power of two up to 1024), at
                most M (default receiver.WINDOWS) ahead of the reduction;
   tcp-slice    as tcp, every thread of the rank asking the scheduler (EEVDF, Linux 6.12+:
@@ -52,6 +53,7 @@ OURS = {
     "tcp-nosend": (("sending", "HELPER_BYTES", _NEVER),),
     "tcp-norecv": (("receiving", "RECV_HELPER_BYTES", _NEVER),),
     "tcp-plain": (("sending", "HELPER_BYTES", _NEVER), ("receiving", "RECV_HELPER_BYTES", _NEVER)),
+    "tcp-nosink": (("receiving", "SINK_HELPER_BYTES", _NEVER),),
 }
 MODES = (*OURS, "tcp-pNk[-wM]", "tcp-slice", "gloo")
 SLICE_NS = 300_000

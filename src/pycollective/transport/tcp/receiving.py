@@ -16,9 +16,11 @@ from .state import TransportState
 
 _DIRECT_BYTES = 16 * 1024  # payload left beyond this skips the buffer
 SINK_BYTES = 1 << 20  # a sink's pieces: cache-sized (L2), a multiple of every item size
-# During an exchange, a sink payload with at least this much left at a piece boundary is
-# read by the receive helper (receiver.py) while this thread reduces what it has read.
+# During an exchange, a payload for a posted receive with at least this much left is read
+# by the receive helper (receiver.py) in place, and a sink's with at least SINK_HELPER_BYTES
+# left at a piece boundary through its windows while this thread reduces what it has read.
 RECV_HELPER_BYTES = 2 << 20
+SINK_HELPER_BYTES = 2 << 20
 # The helper's pieces (a divisor of SINK_BYTES): small enough that the two threads hand
 # pieces to each other, and so sleep and wake, hundreds of times a 64 MiB call, which a
 # busy machine's scheduler serves sooner than long bursts (docs/tcp.md, "Under load").
@@ -106,7 +108,7 @@ class Receiving(TransportState):
             return False
         if target.sink is not None:
             rest = view.nbytes + conn.left
-            if conn.got or rest < RECV_HELPER_BYTES:
+            if conn.got or rest < max(SINK_HELPER_BYTES, RECV_HELPER_BYTES):
                 return False
             into = None
         else:
