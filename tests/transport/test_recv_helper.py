@@ -185,7 +185,7 @@ def test_interrupt_mid_payload_raises_promptly(pair) -> None:
 @pytest.mark.timeout(60)
 def test_close_ends_the_thread(pair) -> None:
     t0, t1 = pair
-    n = 4 << 20
+    n = 16 << 20
     _started(t0)
     m, _ = _sink(n)
     errs = _both(

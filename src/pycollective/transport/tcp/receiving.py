@@ -19,8 +19,10 @@ SINK_BYTES = 1 << 20  # a sink's pieces: cache-sized (L2), a multiple of every i
 # During an exchange, a payload for a posted receive with at least this much left is read
 # by the receive helper (receiver.py) in place, and a sink's with at least SINK_HELPER_BYTES
 # left at a piece boundary through its windows while this thread reduces what it has read.
-RECV_HELPER_BYTES = 2 << 20
-SINK_HELPER_BYTES = 2 << 20
+# A 4 MiB all_reduce of 2 ranks (2 MiB payloads) stays on this thread: its bursts are a
+# slice or two long, and the hand-offs would cost more than they win back.
+RECV_HELPER_BYTES = 4 << 20
+SINK_HELPER_BYTES = 4 << 20
 # The helper's pieces (a divisor of SINK_BYTES): small enough that the two threads hand
 # pieces to each other, and so sleep and wake, hundreds of times a 64 MiB call, which a
 # busy machine's scheduler serves sooner than long bursts (docs/tcp.md, "Under load").
