@@ -6,7 +6,8 @@
 Two ranks on this host started by OpenMPI's mpirun (its default binding: a core each, as
 compare_peers.py's tcp job), PYCOLLECTIVE_TRANSPORT=tcp; `stress-ng --cpu N` beside them
 with --stress (in a session of its own, as compare_peers.py --stress). The modes take turns
-call by call in the same ranks, a barrier before each call:
+call by call in the same ranks, our barrier before each call (gloo's own before gloo's
+with --gloo-barrier, as compare_peers.py times it):
 
   tcp          pycollective as it is;
   tcp-nosend   without the send helper (transport/tcp/sender.py);
@@ -157,7 +158,10 @@ def _rank(cfg: dict) -> None:
                 setattr(modules[m], c, v)
             if "tcp-slice" in cfg["modes"]:
                 _set_slice(SLICE_NS if mode == "tcp-slice" else 0)
-            dist.barrier()
+            if mode == "gloo" and cfg["own_barrier"]:
+                td.barrier()  # as compare_peers.py times it: each library's own barrier
+            else:
+                dist.barrier()
             rounds.clear()
             s0 = _sample()
             if mode == "gloo":
@@ -194,7 +198,7 @@ def _run(args: argparse.Namespace, mpirun: str) -> dict:
     os.close(fd)
     out = Path(name)
     cfg = {"size": args.size, "reps": args.reps, "modes": args.modes, "out": str(out),
-           "gloo_port": cp.free_port()}  # fmt: skip
+           "gloo_port": cp.free_port(), "own_barrier": args.gloo_barrier}  # fmt: skip
     env = dict(os.environ, PYCOLLECTIVE_TRANSPORT="tcp", PYTHONUNBUFFERED="1",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(cp.free_port()))  # fmt: skip
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
@@ -229,6 +233,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--modes", default="tcp,tcp-norecv,gloo")
     ap.add_argument("--bind-to", default="", help="mpirun --bind-to (default: mpirun's own)")
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument(
+        "--gloo-barrier",
+        action="store_true",
+        help="gloo's own barrier before gloo's calls, as compare_peers.py (default: ours)",
+    )
     ap.add_argument("--json", help="write every run's cells here")
     args = ap.parse_args(argv)
     args.size = _parse_size(args.size)
