@@ -42,6 +42,7 @@ class Conn:
         "tls",
         "write_pending",
         "helper",
+        "reader",
     )
 
     def __init__(self, peer: int, sock: socket.socket) -> None:
@@ -73,6 +74,7 @@ class Conn:
         self.tls = isinstance(sock, ssl.SSLSocket)
         self.write_pending = False
         self.helper = False  # the send helper writes the tail of outq[0] (sender.py)
+        self.reader = False  # the receive helper reads the current payload (receiver.py)
 
 
 class Poller:
@@ -98,15 +100,23 @@ class Poller:
             events = selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0)
             self._selector.register(sock, events, data)
 
-    def modify(self, sock: socket.socket, data: Any, write: bool) -> None:
+    def modify(self, sock: socket.socket, data: Any, write: bool, read: bool = True) -> None:
+        """Watch `sock` for writing if `write`, and for reading unless `read` is False
+        (another thread reads it; an error or hang-up is still reported). Only epoll can
+        leave reading out (`unwatches_reads`): a selector always watches it."""
         fd = self._fds[sock]  # KeyError if not registered, as selectors
         self._data[fd] = data
         if self._epoll is not None:
-            self._epoll.modify(fd, select.EPOLLIN | (select.EPOLLOUT if write else 0))
+            events = (select.EPOLLIN if read else 0) | (select.EPOLLOUT if write else 0)
+            self._epoll.modify(fd, events)
         else:
             assert self._selector is not None  # noqa: S101
             events = selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0)
             self._selector.modify(sock, events, data)
+
+    @property
+    def unwatches_reads(self) -> bool:
+        return self._epoll is not None
 
     def unregister(self, sock: socket.socket) -> None:
         """Forget `sock` (nothing happens if it was not registered)."""

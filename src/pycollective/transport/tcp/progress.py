@@ -39,7 +39,8 @@ class Progress(Matching):
         spun: bool = False,
     ) -> None:
         """Drive the exchange to its end or its error. A large payload's tail may be
-        written by the send helper meanwhile (sending.py); it is taken back before this
+        written by the send helper meanwhile (sending.py), and a large reduction's payload
+        read by the receive helper (receiving.py); both are taken back before this
         returns or raises, so nothing outlives the exchange on another thread."""
         self._driving = True
         try:
@@ -47,6 +48,7 @@ class Progress(Matching):
         finally:
             self._driving = False
             self._take_back_send()
+            self._take_back_recv()
 
     def _drive_loop(
         self,
@@ -132,10 +134,12 @@ class Progress(Matching):
                 continue
             if writable:
                 self._flush(conn)
-            if readable and conn.lost is None:
+            if readable and conn.lost is None and not conn.reader:
                 self._read(conn)
         if self._helper_conn is not None:
             self._fold_send()  # the helper finished (its wake-up is what woke us) or not
+        if self._reader_conn is not None:
+            self._fold_recv()  # reduce the pieces the receive helper read meanwhile
 
     def _timeout(
         self, sends: Sequence[OutMessage], recvs: Sequence[InMessage], label: str

@@ -1,7 +1,8 @@
 """Reading: bytes off each connection, through its 64 KiB read buffer for headers and
 small payloads, straight into the destination for large ones, or piece by piece through
-a window that a reduction reads from (a sink). What a header or a whole payload means is
-matching.py's."""
+a window that a reduction reads from (a sink); during an exchange, a large sink payload's
+pieces are read by the receive helper (receiver.py) while this thread reduces them. What
+a header or a whole payload means is matching.py's."""
 
 from __future__ import annotations
 
@@ -15,6 +16,17 @@ from .state import TransportState
 
 _DIRECT_BYTES = 16 * 1024  # payload left beyond this skips the buffer
 SINK_BYTES = 1 << 20  # a sink's pieces: cache-sized (L2), a multiple of every item size
+# During an exchange, a payload for a posted receive with at least this much left is read
+# by the receive helper (receiver.py) in place, and a sink's with at least SINK_HELPER_BYTES
+# left at a piece boundary through its windows while this thread reduces what it has read.
+# A 4 MiB all_reduce of 2 ranks (2 MiB payloads) stays on this thread: its bursts are a
+# slice or two long, and the hand-offs would cost more than they win back.
+RECV_HELPER_BYTES = 4 << 20
+SINK_HELPER_BYTES = 4 << 20
+# The helper's pieces (a divisor of SINK_BYTES): small enough that the two threads hand
+# pieces to each other, and so sleep and wake, hundreds of times a 64 MiB call, which a
+# busy machine's scheduler serves sooner than long bursts (docs/tcp.md, "Under load").
+HELPER_PIECE_BYTES = 256 << 10
 
 
 class Receiving(TransportState):
@@ -53,6 +65,8 @@ class Receiving(TransportState):
                 if left >= _DIRECT_BYTES:
                     if drained:
                         return
+                    if self._hand_read(conn):
+                        return  # the receive helper reads the rest; _fold_recv takes it
                     n = self._recv(conn, view[got:])
                     if n <= 0:
                         return
@@ -77,6 +91,88 @@ class Receiving(TransportState):
             conn.rend += n
             # Under TLS a short read is one record: more may be decrypted and waiting.
             drained = n < space and not (conn.tls and conn.sock.pending())
+
+    def _hand_read(self, conn: _Conn) -> bool:
+        """Give the rest of `conn`'s payload for a posted receive to the receive helper if
+        it is large and the helper is free (the read buffer empty, a sink's at a piece
+        boundary: the helper reads exactly the payload's bytes, so the stream stays in
+        step): a sink's pieces through its windows, a plain payload into its
+        destination."""
+        target, view = conn.target, conn.view
+        if (
+            target is None
+            or view is None
+            or not self._driving
+            or self._reader_conn is not None
+            or conn.tls
+            or not self._sel.unwatches_reads
+        ):
+            return False
+        if target.sink is not None:
+            rest = view.nbytes + conn.left
+            if conn.got or rest < max(SINK_HELPER_BYTES, RECV_HELPER_BYTES):
+                return False
+            into = None
+        else:
+            rest = view.nbytes - conn.got
+            if rest < RECV_HELPER_BYTES:
+                return False
+            into = view[conn.got :]
+        self._reader_conn, self._reader_left, self._reader_sink = conn, rest, target.sink
+        conn.reader = True
+        self._sel.modify(conn.sock, conn, conn.writing, read=False)
+        self._reader.start(conn.sock, rest, HELPER_PIECE_BYTES, into)
+        return True
+
+    def _fold_recv(self) -> None:
+        """Take the pieces the receive helper read (a sink reduces them, a plain payload
+        counts them in); once it has let go, finish the payload, or lose the connection
+        with its error, or (stopped part way) leave what it read of a piece where this
+        thread goes on from."""
+        conn, reader, sink = self._reader_conn, self._reader, self._reader_sink
+        assert conn is not None  # noqa: S101
+        busy = reader.busy  # read first: pieces come before the thread lets go
+        for piece in reader.take():
+            if sink is None:
+                self._on_bytes(conn, piece.nbytes)  # in place already; the last completes
+            else:
+                sink(piece)
+            self._reader_left -= piece.nbytes
+            reader.give_back(piece)
+        if busy:
+            return
+        self._reader_conn = None
+        conn.reader = False
+        if reader.error is not None:
+            self._lose(conn, reader.error)
+            return
+        if conn.lost is not None:
+            return
+        self._sel.modify(conn.sock, conn, conn.writing)
+        if sink is None:
+            if reader.partial is not None and reader.partial.nbytes:
+                self._on_bytes(conn, reader.partial.nbytes)  # short of the end: no completion
+            return
+        left = self._reader_left
+        if not left:
+            self._on_payload(conn)
+            return
+        if conn.window is None:
+            conn.window = memoryview(bytearray(SINK_BYTES))
+        piece = min(SINK_BYTES, left)
+        got = reader.partial
+        n = 0 if got is None else got.nbytes
+        if n:
+            conn.window[:n] = got
+        conn.view = conn.window[:piece]
+        conn.got = n
+        conn.left = left - piece
+
+    def _take_back_recv(self) -> None:
+        """Stop the receive helper (within its poll interval) and fold what it read."""
+        if self._reader_conn is not None:
+            self._reader.wait_stopped()
+            self._fold_recv()
 
     def _recv(self, conn: _Conn, into: memoryview) -> int:
         """recv_into `into`: bytes read, 0 if none are there yet, -1 if the peer is lost."""

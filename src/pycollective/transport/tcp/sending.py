@@ -72,7 +72,7 @@ class Sending(TransportState):
                     conn.helper = True
                     self._helper.start(sock, m.payload[conn.out_sent - hlen :])
                     if conn.writing:  # the helper waits for room itself
-                        self._sel.modify(sock, conn, False)
+                        self._sel.modify(sock, conn, False, not conn.reader)
                         conn.writing = False
                     return
                 break
@@ -81,7 +81,7 @@ class Sending(TransportState):
             m.done = True
         want_write = bool(conn.outq)
         if want_write != conn.writing:
-            self._sel.modify(sock, conn, want_write)
+            self._sel.modify(sock, conn, want_write, not conn.reader)
             conn.writing = want_write
 
     def _fold_send(self) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 from collections import deque
+from collections.abc import Callable
 
 from ... import _config
 from ..._errors import CollectiveError, TransportError, UsageError
@@ -15,6 +16,7 @@ from .._calls import CallTracker
 from .._wire import Header
 from .conn import Conn as _Conn
 from .conn import Poller as _Poller
+from .receiver import RecvHelper
 from .sender import SendHelper
 from .stash import Stash, StashPool
 
@@ -69,6 +71,13 @@ class TransportState(Transport):
         self._helper = SendHelper(self._wake_w)
         self._helper_conn: _Conn | None = None
         self._driving = False
+        # The thread that reads a large payload during an exchange while this one reduces
+        # (receiver.py), the connection it reads, the bytes of that payload not yet taken,
+        # and the sink they go to (None: read into the destination in place).
+        self._reader = RecvHelper(self._wake_w)
+        self._reader_conn: _Conn | None = None
+        self._reader_left = 0
+        self._reader_sink: Callable[[memoryview], None] | None = None
 
     def lost_peers(self) -> dict[int, str]:
         return {p: c.lost for p, c in self._conns.items() if c.lost is not None}
@@ -108,6 +117,8 @@ class TransportState(Transport):
         """Stop polling a connection and close its socket (either may be done already)."""
         if conn.helper:  # never close a socket another thread writes on (its fd is reused)
             self._take_back_send()
+        if conn.reader:  # nor one another thread reads
+            self._take_back_recv()
         self._sel.unregister(conn.sock)
         try:
             conn.sock.close()
@@ -126,4 +137,7 @@ class TransportState(Transport):
         raise NotImplementedError
 
     def _take_back_send(self) -> None:  # sending.py
+        raise NotImplementedError
+
+    def _take_back_recv(self) -> None:  # receiving.py
         raise NotImplementedError

@@ -172,6 +172,7 @@ class TCPTransport(Swapping):
             return
         self._closed = True
         self._helper.close()
+        self._reader.close()
         for sock in (self._wake_r, self._wake_w):
             try:
                 self._sel.unregister(sock)
