@@ -13,7 +13,9 @@ printed, with the machine's load before and after. No job, no TCP: the arena alo
 A variant is name:small_bytes:chunk_bytes:nt_bytes[:spin_us] (NativeArena's thresholds;
 spin_us: how long a waiting rank pause-spins before it yields, as set_spin takes it).
 A variant whose name starts with "py" runs the Python arena (shm/collectives.py) with
-its chunk_bytes instead.
+its chunk_bytes instead; one whose name starts with "sc" runs all_reduce above small_bytes
+by single copy (csrc/arena.c run_single: the peers' buffers read and written directly),
+chunk_bytes at a time.
 """
 
 from __future__ import annotations
@@ -58,8 +60,10 @@ def _rank(args, name: str, nbytes: int, r: int, out) -> None:
         p = args.nprocs
         seg = arena.Segment.attach(name, nbytes)
         a = arena.Arena(seg, p, r, args.slot)
+        a.ctrl[r * arena.WORDS + arena.PID] = os.getpid()
         variants = []
         python: dict[native.NativeArena, int] = {}
+        single: list[tuple[native.NativeArena, int]] = []
         for v in map(parse_variant, args.variant):
             na = native.NativeArena(a, v[1], v[2], v[3])
             if v[4] is not None:  # a pinned rank's pause-spin before it yields, in us
@@ -69,6 +73,8 @@ def _rank(args, name: str, nbytes: int, r: int, out) -> None:
             variants.append((v[0], na))
             if v[0].startswith("py"):  # run by the Python arena instead (small_bytes: its own)
                 python[na] = v[2]
+            if v[0].startswith("sc"):  # single copy above small_bytes, chunk_bytes a piece
+                single.append((na, v[2]))
         dtype = _dtypes.BY_NAME["float32"]
         deadline = time.monotonic() + args.timeout
 
@@ -109,6 +115,10 @@ def _rank(args, name: str, nbytes: int, r: int, out) -> None:
             seq += 1
 
         first = variants[0][1]
+        barrier(first)  # every rank's PID word written
+        pids = [int(a.ctrl[q * arena.WORDS + arena.PID]) for q in range(p)]
+        for na, piece in single:
+            na.c.set_single_copy(1, piece, pids)  # C still leaves small calls to the arena
         results: dict[str, dict[int, list[float]]] = {v: {} for v, _ in variants}
         for size in map(parse_size, args.sizes.split(",")):
             x = np.ones(size // 4, np.float32)

@@ -70,6 +70,11 @@ BUF_FD = 10
 BUF_INO = 11
 BUF_OFF = 12
 BUF_LEN = 13
+# Single copy (compiled only, csrc/arena.c run_single): the call's buffer address in the
+# announcing process (0: not taking part), and the errno that stopped its copies (0: none),
+# written before the call's last phase.
+ADDR = 14
+SC_ERR = 15
 NBUF = 4  # data buffers, taken round robin by consecutive chunks
 
 # Header words
