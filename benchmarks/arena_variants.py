@@ -141,12 +141,14 @@ def _rank(args, name: str, nbytes: int, r: int, out) -> None:
                 for vname, na in variants:
                     barrier(first)
                     w0 = sum(v.c.wait_ns for _, v in variants)
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.thread_time()
                     for _ in range(n_calls):
                         call(na, x)
-                    dt = time.perf_counter() - t0
+                    dt, cpu = time.perf_counter() - t0, time.thread_time() - c0
                     waited = (sum(v.c.wait_ns for _, v in variants) - w0) / 1e9
-                    results[vname].setdefault(size, []).append((dt / n_calls, waited / n_calls))
+                    results[vname].setdefault(size, []).append(
+                        (dt / n_calls, waited / n_calls, cpu / n_calls)
+                    )
         out.put((r, results))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         out.put((r, repr(exc)))
@@ -210,20 +212,26 @@ def main(argv: list[str] | None = None) -> int:
                 "p25": slowest[len(slowest) // 4],
                 "median": statistics.median(slowest),
                 "rank0_wait_fraction": statistics.median(waits),
+                # CPU seconds a call, the median over batches of the busier rank: steadier
+                # than wall time on a shared machine (a descheduled rank costs none)
+                "cpu_median": statistics.median(
+                    max(got[q][vname][size][i][2] for q in got) for i in range(len(times))
+                ),
             }
     print(f"load {load0:.1f} -> {load1:.1f}, slot {args.slot}, p={args.nprocs}, nice {args.nice}")
     sizes = list(next(iter(summary.values())))
-    print("variant".ljust(12) + "".join(f"{int(s) >> 10:>27}K" for s in sizes))
-    print(" " * 12 + "   min/p25/median us, wait" * len(sizes))
+    print("variant".ljust(12) + "".join(f"{int(s) >> 10:>31}K" for s in sizes))
+    print(" " * 12 + "min/p25/median us, wait, cpu" * len(sizes))
     for vname, row in summary.items():
         print(
             vname.ljust(12)
             + "".join(
-                "{:>8.0f}{:>7.0f}{:>7.0f}{:>6.0%}".format(
+                "{:>7.0f}{:>7.0f}{:>7.0f}{:>5.0%}{:>6.0f}".format(
                     row[s]["min"] * 1e6,
                     row[s]["p25"] * 1e6,
                     row[s]["median"] * 1e6,
                     row[s]["rank0_wait_fraction"],
+                    row[s]["cpu_median"] * 1e6,
                 )
                 for s in sizes
             )

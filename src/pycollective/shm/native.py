@@ -193,7 +193,12 @@ Views = Callable[[], "list[np.ndarray] | None"]
 # ordinary buffers read the peers' data and write them the results straight in their
 # buffers, SINGLE_COPY_PIECE_BYTES at a time, where set-up found that every rank can reach
 # every other (same user, no Yama restriction, the same pid namespace: `probe_peer`).
-SINGLE_COPY_PIECE_BYTES = 64 << 10
+# Pieces of 128 KiB: p=2 pinned, alternating in the same ranks at load 10-11, CPU time of
+# the busier rank per call (benchmarks/arena_variants.py; docs/shm.md), 1 / 4 / 16 MiB:
+# 64 KiB 182-232 us / 0.95-1.11 ms / 3.3-3.6 ms, 128 KiB 155-184 us / 0.91-1.01 ms /
+# 3.2 ms, 256 KiB 149-217 us / 0.87-0.94 ms / 3.5-3.6 ms, 512 KiB 178-314 us / 0.95-1.03
+# ms / 3.8-4.2 ms; through the arena 247-311 us / 1.2-1.35 ms / 5.0-5.4 ms.
+SINGLE_COPY_PIECE_BYTES = 128 << 10
 
 
 def single_copy_wanted() -> bool:
