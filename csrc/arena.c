@@ -195,23 +195,37 @@ static int run_direct(ArenaObject *a, call_t *c, int64_t end)
 /* ---- all_reduce by single copy: every rank reads the others' data and writes them its
  * results straight in their buffers (peermem.c), with no slot in between ----
  *
- * Phase 0 announces every rank's buffer (ADDR, with the call). Then rank r, piece by
- * piece of its share [lo, hi) of the whole buffer: reads each peer's piece into tmp,
- * reduces it in rank order with its own, in place, and writes the result into every
- * peer's buffer at the same place. No phase is needed between pieces: a peer's share of
- * my buffer is read and then written by that peer alone, and my share by me alone. The
- * last phase carries every rank's error word (SC_ERR, written before it), so either
- * every rank returns DONE or every rank fails, and nobody returns (and lets its buffer
- * go) while a peer may still read or write it. Per rank and byte at p=2: (p-1)/p read
- * from a peer into tmp (hot), a reduction over 1/p, (p-1)/p written to the peers; no
- * copy in, no copy out. */
+ * Phase 0 announces every rank's buffer (ADDR, with the call). Then the whole buffer is
+ * cut into pieces, and every rank takes pieces from the arena's claim word (H_CLAIM, a
+ * compare-and-swap) until none is left: for each it reads every peer's piece into tmp,
+ * reduces them in rank order with its own, in place, and writes the result into every
+ * peer's buffer at the same place. A piece is read and written, in every buffer, by the
+ * rank that took it alone, so no phase is needed between pieces, and a rank the
+ * scheduler holds back takes fewer of them instead of keeping the others waiting. The
+ * last phase carries every rank's error word (SC_ERR, written before it), so either every
+ * rank returns DONE or every rank fails, and nobody returns (and lets its buffer go)
+ * while a peer may still read or write it. Per byte of the call at p=2, whoever does it:
+ * read from the peer into tmp (hot), a reduction, written to the peer; no copy in, no
+ * copy out. */
+
+/* The next piece of the call for this rank to do, or -1 when all k are taken. Every rank
+ * zeroes the word before it enters the call's phase 0 and takes pieces only after it, so
+ * every reset comes before every claim of the call, and after every claim of the last one
+ * (a rank enters a call only after every rank passed the last one's last phase). */
+static int64_t claim(ArenaObject *a, int64_t k)
+{
+    int64_t j = __atomic_fetch_add((int64_t *)a->mem.buf + H_CLAIM, 1, __ATOMIC_ACQ_REL);
+    return j >= 0 && j < k ? j : -1;
+}
+
 static int run_single(ArenaObject *a, call_t *c, int64_t end)
 {
     const int p = a->size, r = a->rank;
     const size_t isz = c->plan.itemsize;
     switch (c->pc) {
     case 0:
-        c->target = pyc_bump(a);
+        __atomic_store_n((int64_t *)a->mem.buf + H_CLAIM, 0, __ATOMIC_RELEASE);
+        c->target = pyc_bump(a); /* its fence orders the reset before it */
         WAIT_FOR(c->target);
         if (c->shared) { /* every rank's buffer shared: reduce straight from them */
             YIELD(ST_VIEWS);
@@ -230,11 +244,12 @@ static int run_single(ArenaObject *a, call_t *c, int64_t end)
             uint64_t addr[MAX_RANKS];
             for (int q = 0; q < p; q++)
                 addr[q] = q == r ? 0 : (uint64_t)ld(word(a, q, ADDR));
-            int64_t lo = cut(c->n, p, r, isz), hi = cut(c->n, p, r + 1, isz);
             int64_t piece = a->piece_bytes / (int64_t)isz;
             piece = piece < 1 ? 1 : piece;
-            for (int64_t x = lo; x < hi && !c->err; x += piece) {
-                size_t bytes = (size_t)min64(piece, hi - x) * isz;
+            const int64_t k = (c->n + piece - 1) / piece;
+            for (int64_t j; !c->err && (j = claim(a, k)) >= 0;) {
+                const int64_t x = j * piece;
+                size_t bytes = (size_t)min64(piece, c->n - x) * isz;
                 const void *srcs[MAX_RANKS];
                 char *mine = c->out + (size_t)x * isz, *t = a->tmp;
                 for (int q = 0; q < p && !c->err; q++) {

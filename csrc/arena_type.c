@@ -201,6 +201,10 @@ static PyObject *Arena_set_single_copy(ArenaObject *a, PyObject *const *args, Py
     int64_t min_bytes = PyLong_AsLongLong(args[0]), piece = PyLong_AsLongLong(args[1]);
     if (PyErr_Occurred())
         return NULL;
+    if ((char *)a->ctrl - (char *)a->mem.buf < (H_CLAIM + 1) * 8) {
+        PyErr_SetString(PyExc_ValueError, "set_single_copy: the arena has no header");
+        return NULL;
+    }
     if (min_bytes < 0 || piece < ALIGN_BYTES || piece > (1LL << 30) || piece % ALIGN_BYTES) {
         PyErr_Format(PyExc_ValueError,
                      "set_single_copy: min_bytes >= 0 and piece_bytes a multiple of %d "

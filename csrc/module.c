@@ -75,7 +75,7 @@ static int add_contract(PyObject *m)
     static const pyc_named constants[] = {
         {"WORDS", WORDS}, {"EPOCH", EPOCH}, {"SLEEPING", SLEEPING}, {"SEQ", SEQ},
         {"KIND", KIND}, {"ANN_WORDS", ANN_WORDS}, {"BUF_FD", BUF_FD},
-        {"BUF_WORDS", BUF_WORDS}, {"ADDR", ADDR}, {"SC_ERR", SC_ERR}, {"MAX_RANKS", MAX_RANKS}, {"ALIGN_BYTES", ALIGN_BYTES},
+        {"BUF_WORDS", BUF_WORDS}, {"ADDR", ADDR}, {"SC_ERR", SC_ERR}, {"H_CLAIM", H_CLAIM}, {"MAX_RANKS", MAX_RANKS}, {"ALIGN_BYTES", ALIGN_BYTES},
         {"SLEEP_NS", SLEEP_NS}, {"SETTLE_SPINS", SETTLE_SPINS},
         {"LOAD_CHECK_NS", LOAD_CHECK_NS},
         {"DONE", ST_DONE}, {"PENDING", ST_PENDING}, {"CHECK", ST_CHECK}, {"VIEWS", ST_VIEWS},

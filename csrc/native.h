@@ -41,6 +41,9 @@ enum {
     ADDR = 14,  /* the call's buffer in the announcer's address space (single copy), or 0 */
     SC_ERR = 15 /* the errno that stopped this rank's single copy; 0 if none */
 };
+/* Header words (int64, at the segment's start): shm/arena.py. H_CLAIM: the next
+ * unclaimed piece of the single-copy call in progress. */
+enum { H_CLAIM = 5 };
 /* What Arena.run and resume return: shm/native.py. */
 enum { ST_DONE = 0, ST_PENDING = 1, ST_CHECK = 2, ST_VIEWS = 3, ST_FAILED = 4 };
 /* The collectives C runs, by their codes on the wire (transport/_wire.py KIND_CODE: the

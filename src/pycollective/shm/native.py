@@ -113,6 +113,7 @@ def contract_differences(ext: Any, kind_code: Mapping[str, int] | None = None) -
         "BUF_WORDS": _arena.BUF_LEN - _arena.BUF_FD + 1,
         "ADDR": _arena.ADDR,
         "SC_ERR": _arena.SC_ERR,
+        "H_CLAIM": _arena.H_CLAIM,
         "MAX_RANKS": _arena.MAX_RANKS,
         "ALIGN_BYTES": _coll.ALIGN_BYTES,
         "SLEEP_NS": round(_arena.SLEEP_SECONDS * 1e9),
