@@ -101,6 +101,8 @@ def _release() -> None:
     for r in _ranks.values():
         r.close()
     for v in _victims:
+        if v.stdin is not None:
+            v.stdin.close()  # it exits at the end of its input
         v.kill()
         v.wait()
 
