@@ -205,3 +205,48 @@ def test_set_single_copy_checks_its_arguments() -> None:
         c.set_single_copy(0, 4096, [0, 0])  # off: no pids needed
     finally:
         seg.unlink()
+
+
+def _worker_or_idler(name: str, nbytes: int, p: int, r: int, out) -> None:
+    """Rank 0 runs single copy; rank 1 enters the call (its buffer announced) and then takes
+    no piece at all, as a rank the scheduler holds back would not: rank 0 claims every
+    piece, and both buffers must hold the reference's result."""
+    try:
+        dtype = _dtypes.BY_NAME["float32"]
+        n = 70001
+        every = [_data(q, n, dtype) for q in range(p)]
+        want = np.empty(n, np.float32)
+        fused_reduce(ReduceOp.SUM, dtype, want, every, 0)
+        if r == 0:
+            me = _Rank(name, nbytes, p, r, 4096)
+            x = every[0].copy()
+            me.call("all_reduce", dtype, ReduceOp.SUM, -1, x)
+            out.put((r, x.tobytes() == want.tobytes()))
+            return
+        a = arena.Arena(arena.Segment.attach(name, nbytes), p, r, SLOT)
+        a.ctrl[r * arena.WORDS + arena.PID] = os.getpid()
+        deadline = time.monotonic() + 30
+
+        def wait(target: int) -> None:
+            while a.lagging(target):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("rank 0 never came")
+                time.sleep(0.0001)
+
+        x = every[1].copy()
+        wait(a.bump())  # rank 0's barrier
+        a.announce(1, _wire.KIND_CODE["all_reduce"], dtype.code, n, -1, int(ReduceOp.SUM), 0)
+        a.ctrl[r * arena.WORDS + arena.ADDR] = x.ctypes.data
+        wait(a.bump())  # phase 0; then no piece taken here
+        target = a.epoch + 1
+        wait(target)  # rank 0 has done every piece and entered the last phase
+        a.ctrl[r * arena.WORDS + arena.SC_ERR] = 0
+        a.bump()
+        out.put((r, x.tobytes() == want.tobytes()))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        out.put((r, repr(exc)))
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_takes_no_piece_leaves_them_all_to_its_peer() -> None:
+    assert run_on_new_arena(2, SLOT, _worker_or_idler) == {0: True, 1: True}
