@@ -13,7 +13,9 @@ printed, with the machine's load before and after. No job, no TCP: the arena alo
 A variant is name:small_bytes:chunk_bytes:nt_bytes[:spin_us] (NativeArena's thresholds;
 spin_us: how long a waiting rank pause-spins before it yields, as set_spin takes it).
 A variant whose name starts with "py" runs the Python arena (shm/collectives.py) with
-its chunk_bytes instead.
+its chunk_bytes instead; one whose name starts with "sc" runs all_reduce above small_bytes
+by single copy (csrc/arena.c run_single: the peers' buffers read and written directly),
+chunk_bytes at a time.
 """
 
 from __future__ import annotations
@@ -58,8 +60,10 @@ def _rank(args, name: str, nbytes: int, r: int, out) -> None:
         p = args.nprocs
         seg = arena.Segment.attach(name, nbytes)
         a = arena.Arena(seg, p, r, args.slot)
+        a.ctrl[r * arena.WORDS + arena.PID] = os.getpid()
         variants = []
         python: dict[native.NativeArena, int] = {}
+        single: list[tuple[native.NativeArena, int]] = []
         for v in map(parse_variant, args.variant):
             na = native.NativeArena(a, v[1], v[2], v[3])
             if v[4] is not None:  # a pinned rank's pause-spin before it yields, in us
@@ -69,6 +73,8 @@ def _rank(args, name: str, nbytes: int, r: int, out) -> None:
             variants.append((v[0], na))
             if v[0].startswith("py"):  # run by the Python arena instead (small_bytes: its own)
                 python[na] = v[2]
+            if v[0].startswith("sc"):  # single copy above small_bytes, chunk_bytes a piece
+                single.append((na, v[2]))
         dtype = _dtypes.BY_NAME["float32"]
         deadline = time.monotonic() + args.timeout
 
@@ -109,6 +115,10 @@ def _rank(args, name: str, nbytes: int, r: int, out) -> None:
             seq += 1
 
         first = variants[0][1]
+        barrier(first)  # every rank's PID word written
+        pids = [int(a.ctrl[q * arena.WORDS + arena.PID]) for q in range(p)]
+        for na, piece in single:
+            na.c.set_single_copy(1, piece, pids)  # C still leaves small calls to the arena
         results: dict[str, dict[int, list[float]]] = {v: {} for v, _ in variants}
         for size in map(parse_size, args.sizes.split(",")):
             x = np.ones(size // 4, np.float32)
@@ -131,12 +141,14 @@ def _rank(args, name: str, nbytes: int, r: int, out) -> None:
                 for vname, na in variants:
                     barrier(first)
                     w0 = sum(v.c.wait_ns for _, v in variants)
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.thread_time()
                     for _ in range(n_calls):
                         call(na, x)
-                    dt = time.perf_counter() - t0
+                    dt, cpu = time.perf_counter() - t0, time.thread_time() - c0
                     waited = (sum(v.c.wait_ns for _, v in variants) - w0) / 1e9
-                    results[vname].setdefault(size, []).append((dt / n_calls, waited / n_calls))
+                    results[vname].setdefault(size, []).append(
+                        (dt / n_calls, waited / n_calls, cpu / n_calls)
+                    )
         out.put((r, results))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         out.put((r, repr(exc)))
@@ -200,20 +212,26 @@ def main(argv: list[str] | None = None) -> int:
                 "p25": slowest[len(slowest) // 4],
                 "median": statistics.median(slowest),
                 "rank0_wait_fraction": statistics.median(waits),
+                # CPU seconds a call, the median over batches of the busier rank: steadier
+                # than wall time on a shared machine (a descheduled rank costs none)
+                "cpu_median": statistics.median(
+                    max(got[q][vname][size][i][2] for q in got) for i in range(len(times))
+                ),
             }
     print(f"load {load0:.1f} -> {load1:.1f}, slot {args.slot}, p={args.nprocs}, nice {args.nice}")
     sizes = list(next(iter(summary.values())))
-    print("variant".ljust(12) + "".join(f"{int(s) >> 10:>27}K" for s in sizes))
-    print(" " * 12 + "   min/p25/median us, wait" * len(sizes))
+    print("variant".ljust(12) + "".join(f"{int(s) >> 10:>31}K" for s in sizes))
+    print(" " * 12 + "min/p25/median us, wait, cpu" * len(sizes))
     for vname, row in summary.items():
         print(
             vname.ljust(12)
             + "".join(
-                "{:>8.0f}{:>7.0f}{:>7.0f}{:>6.0%}".format(
+                "{:>7.0f}{:>7.0f}{:>7.0f}{:>5.0%}{:>6.0f}".format(
                     row[s]["min"] * 1e6,
                     row[s]["p25"] * 1e6,
                     row[s]["median"] * 1e6,
                     row[s]["rank0_wait_fraction"],
+                    row[s]["cpu_median"] * 1e6,
                 )
                 for s in sizes
             )

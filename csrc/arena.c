@@ -1,6 +1,7 @@
 /* The arena's collectives as resumable state machines (see arena.h). */
 #include "arena.h"
 
+#include "peermem.h"
 #include "wait.h"
 #if defined(__x86_64__)
 #include <emmintrin.h>
@@ -191,12 +192,117 @@ static int run_direct(ArenaObject *a, call_t *c, int64_t end)
     return ST_DONE;
 }
 
+/* ---- all_reduce by single copy: every rank reads the others' data and writes them its
+ * results straight in their buffers (peermem.c), with no slot in between ----
+ *
+ * Phase 0 announces every rank's buffer (ADDR, with the call). Then the whole buffer is
+ * cut into pieces, and every rank takes pieces from the arena's claim word (H_CLAIM, a
+ * compare-and-swap) until none is left: for each it reads every peer's piece into tmp,
+ * reduces them in rank order with its own, in place, and writes the result into every
+ * peer's buffer at the same place. A piece is read and written, in every buffer, by the
+ * rank that took it alone, so no phase is needed between pieces, and a rank the
+ * scheduler holds back takes fewer of them instead of keeping the others waiting. The
+ * last phase carries every rank's error word (SC_ERR, written before it), so either every
+ * rank returns DONE or every rank fails, and nobody returns (and lets its buffer go)
+ * while a peer may still read or write it. Per byte of the call at p=2, whoever does it:
+ * read from the peer into tmp (hot), a reduction, written to the peer; no copy in, no
+ * copy out. */
+
+/* The next piece of the call for this rank to do, or -1 when all k are taken. Every rank
+ * zeroes the word before it enters the call's phase 0 and takes pieces only after it, so
+ * every reset comes before every claim of the call, and after every claim of the last one
+ * (a rank enters a call only after every rank passed the last one's last phase). */
+static int64_t claim(ArenaObject *a, int64_t k)
+{
+    int64_t j = __atomic_fetch_add((int64_t *)a->mem.buf + H_CLAIM, 1, __ATOMIC_ACQ_REL);
+    return j >= 0 && j < k ? j : -1;
+}
+
+static int run_single(ArenaObject *a, call_t *c, int64_t end)
+{
+    const int p = a->size, r = a->rank;
+    const size_t isz = c->plan.itemsize;
+    switch (c->pc) {
+    case 0:
+        __atomic_store_n((int64_t *)a->mem.buf + H_CLAIM, 0, __ATOMIC_RELEASE);
+        c->target = pyc_bump(a); /* its fence orders the reset before it */
+        WAIT_FOR(c->target);
+        if (c->shared) { /* every rank's buffer shared: reduce straight from them */
+            YIELD(ST_VIEWS);
+            if (c->have_views) {
+                c->per = min64(a->slot_bytes, a->chunk_bytes) / (int64_t)isz;
+                c->per = c->per < 1 ? 1 : c->per;
+                c->k = (c->n + c->per - 1) / c->per;
+                c->direct = 1;
+                c->pc = 0;
+                return run_direct(a, c, end);
+            }
+        }
+        nogil(a);
+        c->err = 0;
+        {
+            uint64_t addr[MAX_RANKS];
+            for (int q = 0; q < p; q++)
+                addr[q] = q == r ? 0 : (uint64_t)ld(word(a, q, ADDR));
+            int64_t piece = a->piece_bytes / (int64_t)isz;
+            piece = piece < 1 ? 1 : piece;
+            const int64_t k = (c->n + piece - 1) / piece;
+            for (int64_t j; !c->err && (j = claim(a, k)) >= 0;) {
+                const int64_t x = j * piece;
+                size_t bytes = (size_t)min64(piece, c->n - x) * isz;
+                const void *srcs[MAX_RANKS];
+                char *mine = c->out + (size_t)x * isz, *t = a->tmp;
+                for (int q = 0; q < p && !c->err; q++) {
+                    if (q == r) {
+                        srcs[q] = mine;
+                        continue;
+                    }
+                    srcs[q] = t;
+                    c->err = addr[q] ? pyc_peer_read((pid_t)a->pids[q], t, addr[q] + (uint64_t)x * isz, bytes)
+                                     : EINVAL;
+                    c->err_peer = q;
+                    t += a->piece_bytes;
+                }
+                if (c->err)
+                    break;
+                reduce_into(a, c, mine, srcs, (int64_t)(bytes / isz));
+                for (int q = 0; q < p && !c->err; q++) {
+                    if (q == r)
+                        continue;
+                    c->err = pyc_peer_write((pid_t)a->pids[q], mine, addr[q] + (uint64_t)x * isz, bytes);
+                    c->err_peer = q;
+                }
+            }
+        }
+        /* read by the peers after the last phase; rewritten only at our next single
+         * copy's last phase, which they cannot reach before reading it */
+        st(word(a, r, SC_ERR), c->err);
+        c->target = pyc_bump(a);
+        WAIT_FOR(c->target);
+        if (!c->err) {
+            for (int q = 0; q < p; q++) {
+                int64_t e = q == r ? 0 : ld(word(a, q, SC_ERR));
+                if (e) {
+                    c->err = e > 0 && e < 4096 ? (int)e : EIO; /* a peer's word: data */
+                    c->err_peer = q;
+                    break;
+                }
+            }
+        }
+        if (c->err)
+            return ST_FAILED;
+    }
+    return ST_DONE;
+}
+
 static int run_reduce(ArenaObject *a, call_t *c, int64_t end)
 {
     const int p = a->size, r = a->rank;
     const size_t isz = c->plan.itemsize;
     if (c->direct)
         return run_direct(a, c, end);
+    if (c->single)
+        return run_single(a, c, end);
     switch (c->pc) {
     case 0:
         if (p == 1)
@@ -379,7 +485,7 @@ int pyc_step(ArenaObject *a, int64_t budget_ns)
         PyEval_RestoreThread(a->ts);
         a->ts = NULL;
     }
-    if (rc == ST_DONE) {
+    if (rc == ST_DONE || rc == ST_FAILED) {
         c->pc = -1; /* nothing to resume */
         for (int i = 0; i < 3; i++)
             Py_CLEAR(a->keep[i]);
@@ -398,6 +504,12 @@ void pyc_start_call(ArenaObject *a, const PlanObject *plan, char *in, char *out,
         st(&blk[BUF_FD + i], shared[i]);
     for (int i = 0; i < ANN_WORDS; i++)
         st(&blk[KIND + i], plan->ann[i]);
+    /* Single copy: the group's threshold and the count are every rank's alike, so every
+     * rank decides alike; peers read ADDR only after this call's first phase. */
+    const size_t bytes = (size_t)n * plan->itemsize;
+    int single = plan->coll == C_ALL_REDUCE && a->size > 1 && a->single_bytes > 0 && a->tmp &&
+                 bytes >= (size_t)a->single_bytes && bytes > (size_t)a->small_bytes;
+    st(&blk[ADDR], single ? (int64_t)(uintptr_t)out : 0);
     st(&blk[SEQ], seq + 1);
 
     for (int i = 0; i < 3; i++)
@@ -420,4 +532,6 @@ void pyc_start_call(ArenaObject *a, const PlanObject *plan, char *in, char *out,
     c->check_next = 0;
     c->shared = shared[0] != 0 && (plan->coll == C_ALL_REDUCE || plan->coll == C_REDUCE);
     c->have_views = 0;
+    c->single = single;
+    c->err = 0;
 }

@@ -189,6 +189,71 @@ static PyObject *Arena_set_spin(ArenaObject *a, PyObject *const *args, Py_ssize_
     Py_RETURN_NONE;
 }
 
+/* set_single_copy(min_bytes, piece_bytes, pids): all_reduce calls of at least min_bytes
+ * (0: none) by single copy with the processes `pids` (every rank's, in rank order; this
+ * rank's ignored), piece_bytes at a time. Every rank of the group must be told alike. */
+static PyObject *Arena_set_single_copy(ArenaObject *a, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "set_single_copy(min_bytes, piece_bytes, pids)");
+        return NULL;
+    }
+    int64_t min_bytes = PyLong_AsLongLong(args[0]), piece = PyLong_AsLongLong(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    if ((char *)a->ctrl - (char *)a->mem.buf < (H_CLAIM + 1) * 8) {
+        PyErr_SetString(PyExc_ValueError, "set_single_copy: the arena has no header");
+        return NULL;
+    }
+    if (min_bytes < 0 || piece < ALIGN_BYTES || piece > (1LL << 30) || piece % ALIGN_BYTES) {
+        PyErr_Format(PyExc_ValueError,
+                     "set_single_copy: min_bytes >= 0 and piece_bytes a multiple of %d "
+                     "up to 1 GiB, got %lld and %lld", ALIGN_BYTES, (long long)min_bytes,
+                     (long long)piece);
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[2], "pids must be a sequence of ints");
+    if (!seq)
+        return NULL;
+    if (PySequence_Fast_GET_SIZE(seq) != a->size) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "set_single_copy: expected %d pids", a->size);
+        return NULL;
+    }
+    int64_t pids[MAX_RANKS];
+    for (int q = 0; q < a->size; q++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, q));
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if ((v <= 0 || v > INT_MAX) && q != a->rank && min_bytes > 0) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "set_single_copy: no process %lld", v);
+            return NULL;
+        }
+        pids[q] = v;
+    }
+    Py_DECREF(seq);
+    char *tmp = NULL;
+    if (min_bytes > 0) {
+        tmp = PyMem_RawMalloc((size_t)(a->size - 1 > 0 ? a->size - 1 : 1) * (size_t)piece);
+        if (!tmp)
+            return PyErr_NoMemory();
+    }
+    PyMem_RawFree(a->tmp);
+    a->tmp = tmp;
+    a->single_bytes = min_bytes;
+    a->piece_bytes = piece;
+    memcpy(a->pids, pids, sizeof(int64_t) * (size_t)a->size);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Arena_get_failure(ArenaObject *a, void *Py_UNUSED(closure))
+{
+    return Py_BuildValue("(ii)", a->c.err, a->c.err_peer);
+}
+
 static int Arena_init(ArenaObject *a, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"memory",     "ctrl_offset", "data_offset", "size",
@@ -246,6 +311,8 @@ static int Arena_init(ArenaObject *a, PyObject *args, PyObject *kwds)
 
 static void Arena_dealloc(ArenaObject *a)
 {
+    PyMem_RawFree(a->tmp);
+    a->tmp = NULL;
     for (int i = 0; i < 3; i++)
         Py_CLEAR(a->keep[i]);
     if (a->mem.obj)
@@ -353,6 +420,9 @@ static PyMethodDef Arena_methods[] = {
      "busy_yield_ns=yield_ns, load_cpus=-1): how waits keep the core, on a quiet machine "
      "and on a busy one (more runnable tasks than load_cpus; -1: never busy)"},
     {"release", (PyCFunction)Arena_release, METH_NOARGS, "let go of the segment's memory"},
+    {"set_single_copy", (PyCFunction)(void (*)(void))Arena_set_single_copy, METH_FASTCALL,
+     "set_single_copy(min_bytes, piece_bytes, pids): all_reduce calls of at least min_bytes "
+     "(0: none) read and write the peers' buffers directly (every rank told alike)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -364,6 +434,8 @@ static PyGetSetDef Arena_getset[] = {
     {"peer", (getter)Arena_get_peer, NULL, "the peer to check after CHECK", NULL},
     {"wait_ns", (getter)Arena_get_wait_ns, (setter)Arena_set_wait_ns,
      "nanoseconds spent waiting for peers", NULL},
+    {"failure", (getter)Arena_get_failure, NULL,
+     "(errno, rank) that stopped the last single-copy call (after FAILED)", NULL},
     {"busy", (getter)Arena_get_busy, NULL,
      "whether the machine was busy at the last reading of its load (set_spin's load_cpus)",
      NULL},

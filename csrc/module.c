@@ -12,6 +12,7 @@
 #include "callpath.h"
 #include "callstate.h"
 #include "dispatch.h"
+#include "peermem.h"
 #include "plan.h"
 
 int pyc_get_buffer(PyObject *obj, Py_buffer *view, int writable, const char *what)
@@ -30,6 +31,8 @@ static PyMethodDef module_methods[] = {
      "reduce(op, dtype, out, srcs, avg=0): the fused reduction of srcs, in order, into out"},
     {"kernel_sets", pyc_mod_kernel_sets, METH_NOARGS, "kernel sets usable here, best first"},
     {"use_kernels", pyc_mod_use_kernels, METH_O, "use_kernels(name) -> previous set's name"},
+    {"peer_read", (PyCFunction)(void (*)(void))pyc_mod_peer_read, METH_FASTCALL,
+     "peer_read(pid, address, nbytes) -> bytes read from another process (at most 4096)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -72,10 +75,11 @@ static int add_contract(PyObject *m)
     static const pyc_named constants[] = {
         {"WORDS", WORDS}, {"EPOCH", EPOCH}, {"SLEEPING", SLEEPING}, {"SEQ", SEQ},
         {"KIND", KIND}, {"ANN_WORDS", ANN_WORDS}, {"BUF_FD", BUF_FD},
-        {"BUF_WORDS", BUF_WORDS}, {"MAX_RANKS", MAX_RANKS}, {"ALIGN_BYTES", ALIGN_BYTES},
+        {"BUF_WORDS", BUF_WORDS}, {"ADDR", ADDR}, {"SC_ERR", SC_ERR}, {"H_CLAIM", H_CLAIM}, {"MAX_RANKS", MAX_RANKS}, {"ALIGN_BYTES", ALIGN_BYTES},
         {"SLEEP_NS", SLEEP_NS}, {"SETTLE_SPINS", SETTLE_SPINS},
         {"LOAD_CHECK_NS", LOAD_CHECK_NS},
         {"DONE", ST_DONE}, {"PENDING", ST_PENDING}, {"CHECK", ST_CHECK}, {"VIEWS", ST_VIEWS},
+        {"FAILED", ST_FAILED},
     };
     static const pyc_named kinds[] = {
         {"all_reduce", C_ALL_REDUCE}, {"broadcast", C_BROADCAST}, {"reduce", C_REDUCE},

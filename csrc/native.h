@@ -37,10 +37,15 @@
 /* Control block words (int64): shm/arena.py. */
 enum {
     WORDS = 16, EPOCH = 0, SLEEPING = 1, SEQ = 3, KIND = 4, ANN_WORDS = 6, /* KIND..ALGO */
-    BUF_FD = 10, BUF_WORDS = 4 /* BUF_FD..BUF_LEN */
+    BUF_FD = 10, BUF_WORDS = 4, /* BUF_FD..BUF_LEN */
+    ADDR = 14,  /* the call's buffer in the announcer's address space (single copy), or 0 */
+    SC_ERR = 15 /* the errno that stopped this rank's single copy; 0 if none */
 };
+/* Header words (int64, at the segment's start): shm/arena.py. H_CLAIM: the next
+ * unclaimed piece of the single-copy call in progress. */
+enum { H_CLAIM = 5 };
 /* What Arena.run and resume return: shm/native.py. */
-enum { ST_DONE = 0, ST_PENDING = 1, ST_CHECK = 2, ST_VIEWS = 3 };
+enum { ST_DONE = 0, ST_PENDING = 1, ST_CHECK = 2, ST_VIEWS = 3, ST_FAILED = 4 };
 /* The collectives C runs, by their codes on the wire (transport/_wire.py KIND_CODE: the
  * one numbering of collectives; codes never change meaning). */
 enum { C_ALL_REDUCE = 1, C_BROADCAST = 2, C_REDUCE = 3, C_ALL_GATHER = 4, C_REDUCE_SCATTER = 5,
@@ -90,6 +95,8 @@ typedef struct {
     int64_t per, k, s, base, b;
     int waited, writes, shared, have_views;
     char *views[MAX_RANKS];
+    int single;          /* all_reduce by single copy (arena.c run_single) */
+    int err, err_peer;   /* ST_FAILED: the errno, and the rank it came from */
 } call_t;
 
 /* This rank's view of a group's arena. */
@@ -113,6 +120,12 @@ typedef struct {
     PyThreadState *ts; /* non-NULL while this call runs without the GIL */
     PyObject *keep[3]; /* the call's input, output and views, alive until it ends */
     int64_t pw_target, pw_t0; /* a wait() from Python in progress */
+    /* Single copy (set_single_copy): all_reduce calls of at least single_bytes read and
+     * write the peers' buffers directly, piece_bytes at a time through tmp; pids are the
+     * peers' processes as verified at set-up (never re-read from their words). */
+    int64_t single_bytes, piece_bytes;
+    int64_t pids[MAX_RANKS];
+    char *tmp;
     int pw_started;
     call_t c;
 } ArenaObject;

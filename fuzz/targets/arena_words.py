@@ -7,8 +7,13 @@ The input sets the call this rank (arena rank 0) makes and what its peers wrote:
 peer's 16 control words as raw bytes, and the first bytes of the data slots. The call
 then runs compiled, its status handled as runners/arena.py does (PENDING: Python polls
 the laggards' announcements; CHECK: Python judges the peer C named), for a few rounds.
-Contract: C returns only its four statuses and never reads or writes outside the
-arena or the call's buffers (AddressSanitizer checks that under `python -m fuzz.native`);
+All_reduce calls above 1 KiB take single copy (csrc/arena.c run_single) with every
+peer played by one sacrificial process (`cat`, which ends when we do): the buffer address
+a peer announces (its ADDR word) and its error word (SC_ERR) are the input's, so C reads
+and writes that process's memory wherever the input says, and only there (the pids are
+set-up's, never a peer's words). Contract: C returns only its five statuses and never
+reads or writes outside the arena or the call's buffers (AddressSanitizer checks that
+under `python -m fuzz.native`);
 every wait ends within its budget; Python's judgement of a peer's words is an answer or a
 TransportError (corrupt words) or MismatchError (another call), never another exception;
 and when C stops for a peer's announcement, Python finds that announcement wrong too.
@@ -19,6 +24,9 @@ Without the extension (not built) the target checks the Python judgement alone.
 from __future__ import annotations
 
 import atexit
+import os
+import shutil
+import subprocess
 
 import numpy as np
 
@@ -37,7 +45,7 @@ COLLECTIVES = tuple(_native._native.KIND_CODE)  # the compiled core's, numbered 
 DTYPES = {2: np.float32, 3: np.float64, 6: np.int32, 8: np.uint8, 16: np.uint8}
 OPS_FLOAT = (0, 1, 2, 3, 7)  # SUM PRODUCT MIN MAX AVG: the API refuses bitwise ops on floats
 OPS_INT = (0, 1, 2, 3, 4, 5, 6)  # ... and AVG on integers
-STATUSES = {_native.DONE, _native.PENDING, _native.CHECK, _native.VIEWS}
+STATUSES = {_native.DONE, _native.PENDING, _native.CHECK, _native.VIEWS, _native.FAILED}
 COMPILED = _native._native is not None
 
 
@@ -60,6 +68,8 @@ class _Rank0:
                 seg.mm, ctrl, data, size, 0, SLOT, _arena.NBUF, 1024, SLOT // 2
             )
             self.c.set_spin(0, 0, True, 0)  # no spinning: the peers here never move
+            peer = _sacrifice().pid  # every peer's process, as set-up would have found it
+            self.c.set_single_copy(1, 64, [os.getpid()] + [peer] * (size - 1))
 
     def close(self) -> None:
         if self.c is not None:
@@ -67,12 +77,34 @@ class _Rank0:
 
 
 _ranks: dict[int, _Rank0] = {}
+_victims: list[subprocess.Popen] = []
+
+
+def _sacrifice() -> subprocess.Popen:
+    """A process whose memory single copy may read and write at the input's addresses
+    (restarted if the input's writes killed it)."""
+    if not _victims or _victims[0].poll() is not None:
+        # it reads our pipe: however this process ends (libFuzzer exits without running
+        # atexit), the pipe closes and it exits; it holds none of our output
+        cat = shutil.which("cat") or "cat"
+        _victims[:] = [
+            subprocess.Popen(  # noqa: S603 - a fixed command
+                [cat], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        ]  # fmt: skip
+    return _victims[0]
 
 
 @atexit.register
 def _release() -> None:
     for r in _ranks.values():
         r.close()
+    for v in _victims:
+        if v.stdin is not None:
+            v.stdin.close()  # it exits at the end of its input
+        v.kill()
+        v.wait()
 
 
 def _take(data: bytes, pos: int, n: int) -> tuple[bytes, int]:
@@ -137,6 +169,10 @@ def _run_compiled(rank0, collective, code, op, root, count, header, size) -> Non
     for _ in range(ROUNDS):
         assert rc in STATUSES, rc
         if rc == _native.DONE:
+            break
+        if rc == _native.FAILED:  # single copy could not reach a peer: the call fails
+            code, q = c.failure
+            assert code > 0 and 0 <= q < size, (code, q)
             break
         if rc == _native.VIEWS:
             raise AssertionError("C asked for shared views of a call that has none")

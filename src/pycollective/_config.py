@@ -360,6 +360,15 @@ def _vars() -> tuple[Var, ...]:
             "slot size bounds it too).",
         ),
         Var(
+            "PYCOLLECTIVE_SHM_SINGLE_COPY",
+            SWITCH,
+            "1",
+            "1: compiled arena all_reduce calls above 256 KiB on ordinary buffers read and "
+            "write the peers' buffers directly (process_vm_readv/writev, where the system "
+            "lets every rank reach every other: checked at set-up), with no copy through "
+            "the arena; 0: always through the arena.",
+        ),
+        Var(
             "PYCOLLECTIVE_SHM_NT_BYTES",
             BYTES,
             None,

@@ -182,6 +182,29 @@ def shared_kill() -> None:
     time.sleep(0.5)
 
 
+def single_copy() -> None:
+    """Whether the group agreed on single copy, and all_reduce on ordinary arrays above
+    and below its threshold (and on a shared buffer on one rank only) against numpy."""
+    from pycollective.runners.native import NativeArenaRunner
+
+    x = np.ones(4, np.float32)
+    dist.all_reduce(x)
+    runner = dist.group.WORLD.runner(NativeArenaRunner)
+    pids = runner.local_group.single_copy_pids if runner is not None else None
+    ok = True
+    for n in (1000, 65536, 65537, (1 << 20) + 3):
+        for dt in (np.float32, np.int64):
+            every = [np.arange(n, dtype=dt) * (q + 1) + q for q in range(P)]
+            y = every[RANK].copy()
+            dist.all_reduce(y)
+            ok &= bool(np.array_equal(y, sum(every[1:], every[0])))
+    s = dist.empty(1 << 18, np.float32) if RANK == 0 else np.zeros(1 << 18, np.float32)
+    s[:] = RANK + 1
+    dist.all_reduce(s)
+    ok &= bool((s == P * (P + 1) / 2).all())
+    report(step="single", error=None, elapsed=0.0, ok=ok, agreed=pids is not None)
+
+
 def main() -> None:
     scenario, *args = sys.argv[1:]
     report(step="pid", error=None, elapsed=0.0, pid=os.getpid())
@@ -205,6 +228,8 @@ def main() -> None:
     elif scenario == "shared_kill":
         shared_kill()
         return  # the survivors exit without destroy (their peer is gone)
+    elif scenario == "single":
+        single_copy()
     elif scenario == "raise":
         dist.all_reduce(np.ones(4, np.float32))
         raise RuntimeError("deliberate")

@@ -70,6 +70,30 @@ def test_one_host_uses_shm_unless_told_not_to(transport: str, expect: bool) -> N
             assert info["sub_shm"] is expect  # subgroups get an arena of their own
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    "off,agreed",
+    [
+        ({}, True),
+        ({1: {"PYCOLLECTIVE_SHM_SINGLE_COPY": "0"}}, False),  # one rank declines: nobody
+        ({0: {"PYCOLLECTIVE_NATIVE": "0"}}, False),  # a rank in the Python arena: nobody
+    ],
+)
+def test_single_copy_is_agreed_by_every_rank_or_none(off, agreed) -> None:
+    if (
+        os.environ.get("PYCOLLECTIVE_NATIVE", "1") == "0"
+        or os.environ.get("PYCOLLECTIVE_SHM_SINGLE_COPY", "1") == "0"
+    ):
+        agreed = False
+    results, steps = _job(3, "single", env={"PYCOLLECTIVE_TRANSPORT": "shm"}, per_rank_env=off)
+    for r in results:
+        single = steps[r.rank]["single"]
+        assert r.returncode == 0 and single["ok"], describe(r)
+        # the compiled ranks agree (a Python rank has no compiled runner to ask)
+        if "PYCOLLECTIVE_NATIVE" not in off.get(r.rank, {}):
+            assert single["agreed"] is agreed, describe(r)
+
+
 @pytest.mark.timeout(60)
 def test_ranks_on_different_hosts_use_tcp() -> None:
     # Ranks 0,1 on "host a" and 2,3 on "host b" (as network namespaces would be): the

@@ -50,6 +50,8 @@ BOTH = (
     # compiled beside Python ranks), every collective x dtype x op in a real 3-rank job
     f"{ARENA}[3-compiled]",
     f"{ARENA}[4-mixed]",
+    # single copy: the reference's bits, and a peer's unreachable buffer failing the call
+    "tests/native/test_single_copy.py",
     f"{SHM}test_battery_with_transport_forced[shm-3]",
     # the compiled per-call path: the Python reference's bits, the flight recorder's
     # entries filled in C, a mismatch, a killed peer, a timeout, async calls beside

@@ -18,6 +18,7 @@ notices and lost TCP connections of the peers it waits on (TransportError).
 
 from __future__ import annotations
 
+import os
 import time
 import zlib
 from collections.abc import Sequence
@@ -51,9 +52,13 @@ COLLECTIVES = frozenset(
 )
 
 _MODES = {"auto": 0, "tcp": 1, "shm": 2}
-_RECORD = 128  # bytes each rank contributes to the set-up exchange
-_NAME_AT = 64
+_RECORD = 160  # bytes each rank contributes to the set-up exchange
+_NAME_AT, _NAME_END = 64, 128
 _CPUS_AT, _CPUS_LEN = 32, 32  # this rank's CPU affinity, a bitmask of CPUs 0-255
+# Single copy's offer: this rank's pid, the address in its memory of 8 random bytes (the
+# nonce, beside them) a peer reads across processes to prove it can (shm/native.py
+# probe_peer), and whether it offers at all.
+_SC_PID, _SC_ADDR, _SC_NONCE, _SC_OFFER = 128, 136, 144, 152
 
 
 def _cpu_mask() -> np.ndarray:
@@ -86,6 +91,8 @@ class LocalGroup:
         self.transport = transport
         self.me = arena.rank if arena is not None else 0
         self.peer_maps = _shared.PeerMaps()
+        # every rank's pid when all agreed at set-up to all_reduce by single copy
+        self.single_copy_pids: list[int] | None = None
 
     # ------------------------------------------------------------------ announcements
 
@@ -304,6 +311,12 @@ def _setup(
         record[:16] = np.frombuffer(_hostid.host_id(), np.uint8)
         record[16] = _MODES[mode]
         record[_CPUS_AT : _CPUS_AT + _CPUS_LEN] = _cpu_mask()
+        nonce = np.frombuffer(os.urandom(8), np.uint8).copy()  # alive until set-up ends
+        if _shm_native.single_copy_wanted():
+            record[_SC_PID : _SC_PID + 8] = _int64_bytes(os.getpid())
+            record[_SC_ADDR : _SC_ADDR + 8] = _int64_bytes(nonce.ctypes.data)
+            record[_SC_NONCE : _SC_NONCE + 8] = nonce
+            record[_SC_OFFER] = 1
         cores = _tuning.cores()
         slot_bytes = _arena.slot_bytes_for(p, cores)
         if me == 0 and mode != "tcp":
@@ -314,7 +327,7 @@ def _setup(
                 arena = Arena(segment, p, 0, slot_bytes, cores, ranks)
                 arena.chunk_bytes = _arena.chunk_bytes_for(_shm_native.enabled(_wire.KIND_CODE))
                 arena.init_header()
-            text = note.encode()[: _RECORD - _NAME_AT]
+            text = note.encode()[: _NAME_END - _NAME_AT]
             record[_NAME_AT : _NAME_AT + len(text)] = np.frombuffer(text, np.uint8)
         everyone = np.zeros(p * _RECORD, np.uint8)
         plan = build_schedule("all_gather", "ring", me, p, _RECORD)
@@ -342,7 +355,7 @@ def _setup(
                 elif _MODES["tcp"] in modes:
                     why = "a rank asked for PYCOLLECTIVE_TRANSPORT=tcp"
                 else:
-                    why = bytes(recs[0, _NAME_AT:]).rstrip(b"\0").decode(errors="replace")
+                    why = bytes(recs[0, _NAME_AT:_NAME_END]).rstrip(b"\0").decode(errors="replace")
                 raise UsageError(
                     f"PYCOLLECTIVE_TRANSPORT=shm, but the group {list(ranks)} cannot use "
                     f"shared memory: {why}"
@@ -367,6 +380,8 @@ def _setup(
         if union.any():
             arena.set_cores(int(np.unpackbits(union).sum()))
         group = LocalGroup(arena, ranks, group_id, transport)
+        reached = _probe_peers(recs, me)
+        arena.ctrl[me * _arena.WORDS + _arena.SC_ERR] = int(reached)  # read after the phase
         # Every member has mapped it once all pass this phase: then the name can go.
         # No call checks here: the exchange above already agreed on the call, and a peer
         # that passes this phase may at once announce the group's first call, whose
@@ -375,17 +390,44 @@ def _setup(
             header, deadline, "shm-setup", check_calls=False
         )
         arena.wait_all(arena.bump(), poll)
+        if all(arena.ctrl[q * _arena.WORDS + _arena.SC_ERR] == 1 for q in range(p)):
+            group.single_copy_pids = [_int64_at(recs[q], _SC_PID) for q in range(p)]
         return group
     finally:
         if segment is not None:
             segment.unlink()
 
 
+def _int64_bytes(value: int) -> np.ndarray:
+    return np.frombuffer(np.int64(value).tobytes(), np.uint8)
+
+
+def _int64_at(record: np.ndarray, at: int) -> int:
+    return int(np.frombuffer(bytes(record[at : at + 8]), np.int64)[0])
+
+
+def _probe_peers(recs: np.ndarray, me: int) -> bool:
+    """Whether every rank offered single copy and this one can reach every peer's memory
+    (its nonce read back from its pid at its address: the peer that sent them, reachable
+    under the system's rules). Peers' records are data: probe_peer bounds pid and address."""
+    if not all(recs[q, _SC_OFFER] == 1 for q in range(len(recs))):
+        return False
+    return all(
+        _shm_native.probe_peer(
+            _int64_at(recs[q], _SC_PID),
+            _int64_at(recs[q], _SC_ADDR) & ((1 << 64) - 1),
+            bytes(recs[q, _SC_NONCE : _SC_NONCE + 8]),
+        )
+        for q in range(len(recs))
+        if q != me
+    )
+
+
 def _arena_of(record: np.ndarray, ranks: Sequence[int], me: int) -> tuple[str, int]:
     """The arena name and slot size in rank 0's set-up record: bytes from a peer, so
     checked to be exactly what the library makes (a name of Segment.create's pattern, no
     path in it; a slot size slot_bytes_for could choose) before anything is opened."""
-    raw = bytes(record[_NAME_AT:]).rstrip(b"\0")
+    raw = bytes(record[_NAME_AT:_NAME_END]).rstrip(b"\0")
     try:
         name = raw.decode("ascii")
     except UnicodeDecodeError:
@@ -418,7 +460,7 @@ def _create(p: int, slot_bytes: int) -> tuple[Segment | None, str]:
     try:
         segment = Segment.create(_arena.layout(p, slot_bytes)[2])
     except OSError as exc:
-        return None, f"cannot create an arena: {exc}"[: _RECORD - _NAME_AT]
+        return None, f"cannot create an arena: {exc}"[: _NAME_END - _NAME_AT]
     return segment, segment.name
 
 

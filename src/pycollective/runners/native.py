@@ -69,6 +69,11 @@ class NativeArenaRunner(BaseRunner):
         assert arena is not None  # noqa: S101 - set_up checks
         # the group's chunk (rank 0's choice, in the arena's header): ranks must agree
         self.native = _shm_native.NativeArena(arena, _coll.SMALL_BYTES, arena.chunk_bytes)
+        pids = self.local_group.single_copy_pids  # every rank offered and reaches every other
+        if pids is not None:
+            self.native.c.set_single_copy(
+                _coll.SMALL_BYTES + 1, _shm_native.SINGLE_COPY_PIECE_BYTES, pids
+            )
 
     @classmethod
     def set_up(cls, members: Members, need: Need) -> NativeArenaRunner | None:
@@ -188,6 +193,9 @@ class NativeArenaRunner(BaseRunner):
         group, header = self.local_group, call.header
         poll = group._poller(header, call.deadline, call.label)
         while rc:
+            if rc == _shm_native.FAILED:  # every rank of the call raises: see single_copy_error
+                code, q = c.failure
+                raise _shm_native.single_copy_error((code, q), group.ranks[q])
             if rc == _shm_native.PENDING:
                 poll(c.target)
             elif rc == _shm_native.CHECK:

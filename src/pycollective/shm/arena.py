@@ -70,10 +70,19 @@ BUF_FD = 10
 BUF_INO = 11
 BUF_OFF = 12
 BUF_LEN = 13
+# Single copy (compiled only, csrc/arena.c run_single): the call's buffer address in the
+# announcing process (0: not taking part), and the errno that stopped its copies (0: none),
+# written before the call's last phase.
+ADDR = 14
+SC_ERR = 15
 NBUF = 4  # data buffers, taken round robin by consecutive chunks
 
 # Header words
 _H_MAGIC, _H_SIZE, _H_SLOT, _H_PID, _H_CHUNK = 0, 1, 2, 3, 4
+# Single copy's claim word (compiled only, csrc/arena.c run_single): the next unclaimed
+# piece of the call in progress; every rank zeroes it before the call's first phase and
+# takes pieces from it (an atomic add) after.
+H_CLAIM = 5
 
 # A peer's words are data, never trusted: an announcement's fields must fit the frame
 # header's (transport/_wire.py: kind, dtype, op and algorithm one byte each, root an int32,

@@ -17,6 +17,7 @@ Python), runs the Python arena instead; the latter warns once, saying why.
 
 from __future__ import annotations
 
+import errno as _errno
 import os
 import warnings
 from collections.abc import Callable, Mapping
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .. import _callstate, _config, _dtypes, _load
+from .._errors import TransportError
 from .._reduce_ops import ReduceOp
 from . import arena as _arena
 from . import collectives as _coll
@@ -38,7 +40,8 @@ except ImportError as exc:  # not built: the Python arena runs
 else:
     _MISSING = ""
 
-DONE, PENDING, CHECK, VIEWS = 0, 1, 2, 3  # what Arena.run and resume return (csrc/arena.h)
+# What Arena.run and resume return (csrc/arena.h)
+DONE, PENDING, CHECK, VIEWS, FAILED = 0, 1, 2, 3, 4
 BUDGET_NS = 1_000_000  # how long C waits before handing back to Python for a poll
 # Calls at least this large copy results into the caller's buffer with non-temporal stores
 # (they skip reading the destination in first, and leave the cache alone): they pay only
@@ -108,6 +111,9 @@ def contract_differences(ext: Any, kind_code: Mapping[str, int] | None = None) -
         "ANN_WORDS": _arena.ALGO - _arena.KIND + 1,
         "BUF_FD": _arena.BUF_FD,
         "BUF_WORDS": _arena.BUF_LEN - _arena.BUF_FD + 1,
+        "ADDR": _arena.ADDR,
+        "SC_ERR": _arena.SC_ERR,
+        "H_CLAIM": _arena.H_CLAIM,
         "MAX_RANKS": _arena.MAX_RANKS,
         "ALIGN_BYTES": _coll.ALIGN_BYTES,
         "SLEEP_NS": round(_arena.SLEEP_SECONDS * 1e9),
@@ -117,6 +123,7 @@ def contract_differences(ext: Any, kind_code: Mapping[str, int] | None = None) -
         "PENDING": PENDING,
         "CHECK": CHECK,
         "VIEWS": VIEWS,
+        "FAILED": FAILED,
     }
     tables: list[tuple[str, dict[Any, Any], dict[Any, Any]]] = [
         ("", want, ext.CONSTANTS),
@@ -181,6 +188,49 @@ def kernels() -> str:
 Poll = Callable[[int], None]
 Check = Callable[[int, int], None]
 Views = Callable[[], "list[np.ndarray] | None"]
+
+
+# Single copy (csrc/arena.c run_single): compiled all_reduce calls above SMALL_BYTES on
+# ordinary buffers read the peers' data and write them the results straight in their
+# buffers, SINGLE_COPY_PIECE_BYTES at a time, where set-up found that every rank can reach
+# every other (same user, no Yama restriction, the same pid namespace: `probe_peer`).
+# Pieces of 128 KiB: p=2 pinned, alternating in the same ranks at load 10-11, CPU time of
+# the busier rank per call (benchmarks/arena_variants.py; docs/shm.md), 1 / 4 / 16 MiB:
+# 64 KiB 182-232 us / 0.95-1.11 ms / 3.3-3.6 ms, 128 KiB 155-184 us / 0.91-1.01 ms /
+# 3.2 ms, 256 KiB 149-217 us / 0.87-0.94 ms / 3.5-3.6 ms, 512 KiB 178-314 us / 0.95-1.03
+# ms / 3.8-4.2 ms; through the arena 247-311 us / 1.2-1.35 ms / 5.0-5.4 ms.
+SINGLE_COPY_PIECE_BYTES = 128 << 10
+
+
+def single_copy_wanted() -> bool:
+    """Whether this rank offers single copy at set-up: the compiled arena runs here and
+    PYCOLLECTIVE_SHM_SINGLE_COPY is not 0."""
+    return _native is not None and _config.get("PYCOLLECTIVE_SHM_SINGLE_COPY") != "0" and enabled()
+
+
+def probe_peer(pid: int, address: int, nonce: bytes) -> bool:
+    """Whether process `pid` holds `nonce` at `address` in its memory, read across
+    processes as single copy reads: it is the peer that sent them (not another process
+    that has its pid in our namespace), and the system lets us reach it."""
+    if _native is None or not 0 < pid < 1 << 31 or not 0 < address < 1 << 64:
+        return False
+    try:
+        return bool(_native.peer_read(pid, address, len(nonce)) == nonce)
+    except OSError:
+        return False
+
+
+def single_copy_error(failure: tuple[int, int], rank: int) -> TransportError:
+    """The error of a single-copy all_reduce that failed on this rank or on a peer
+    (`failure`: the errno and the arena rank it came from; `rank`: that peer's rank as the
+    caller names it). Every rank of the call raises one: no result was returned."""
+    code, _ = failure
+    name = _errno.errorcode.get(code, str(code))
+    return TransportError(
+        f"single-copy all_reduce with rank {rank} failed: {name} ({os.strerror(code)}) reading "
+        "or writing its buffer across processes (process_vm_readv/writev); the data of "
+        "this call is undefined. PYCOLLECTIVE_SHM_SINGLE_COPY=0 turns single copy off."
+    )
 
 
 class NativeArena:
@@ -283,6 +333,8 @@ class NativeArena:
         c = self.c
         rc = c.run(plan, inp, out, seq, BUDGET_NS, shared)
         while rc:
+            if rc == FAILED:
+                raise single_copy_error(c.failure, c.failure[1])
             if rc == PENDING:
                 poll(c.target)
             elif rc == CHECK:
