@@ -60,13 +60,16 @@ def worker(calls: int, nbytes: int, collective: str, python: bool, through_torch
                          np.zeros(2 * n, np.float32))  # fmt: skip
         group = dist.group.WORLD
     kw = {"algorithm": "shm"} if python else {}
+    # torch 2.13's names of the flat gathers (its older ones warn on every call)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     fn = {
         "all_reduce": lambda: dist.all_reduce(x, **kw),
         "broadcast": lambda: dist.broadcast(x, src=0, **kw),
         "barrier": lambda: dist.barrier(),
         "reduce": lambda: dist.reduce(x, dst=0, **kw),
-        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(out, x, **kw),
-        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(x, whole, **kw),
+        "all_gather_into_tensor": lambda: gather(out, x, **kw),
+        "reduce_scatter_tensor": lambda: scatter(x, whole, **kw),
     }[collective]
     for _ in range(WARM + calls):
         fn()
