@@ -14,12 +14,12 @@
  * lengths (one buffer, or all_gather's and reduce_scatter's output and input), the op and
  * root objects as the caller passed them (held, compared by identity), the compiled Plan
  * and the flight-recorder fields of the call. It repeats all_reduce, broadcast, reduce,
- * all_gather (into a tensor), reduce_scatter (of a tensor) and barrier. A later call with the same
- * signature then goes from the API function straight to `callpath_run`, which does what
- * ProcessGroup.run_collective does, in C, on the group's and the engine's C-owned state
- * (callstate.h: no attribute is looked up by name, so no rename on the Python side can
- * turn this path off unnoticed): the group is usable and the transport was checked less
- * than a millisecond ago (else it returns False and the caller runs the Python path,
+ * all_gather (into a tensor), reduce_scatter (of a tensor) and barrier. A later call with
+ * the same signature then goes from the API function straight to `callpath_run`, which
+ * does what ProcessGroup.run_collective does, in C, on the group's and the engine's
+ * C-owned state (callstate.h: no attribute is looked up by name, so no rename on the
+ * Python side can turn this path off unnoticed): the group is usable and the transport was
+ * checked less than a millisecond ago (else it returns False and the caller runs the Python path,
  * which checks it), the engine is idle (its lock is held for the call, so no other
  * thread can start one), the sequence number, the flight-recorder entry (written
  * into the ring's preallocated Entry, field by field at the offsets of its __slots__),
