@@ -7,6 +7,10 @@ per-call path replaced by a C builtin that accepts every call, so no bytes move 
 peer is waited for): what remains is torch's `dist.all_reduce` wrapper, the backend's
 method (call forms, views, the Work) and our API's entry. CPU time per call (best of
 --repeat blocks), which a loaded machine blurs less than the clock. docs/torch_conformance.md.
+
+The floor no backend can go under: `dist.all_reduce` on a group whose `allreduce` returns
+None at once (a no-op ProcessGroup subclass, as ours is one), with the group passed in
+both cases so that the default group's look-up is not counted on one side only.
 """
 
 from __future__ import annotations
@@ -26,6 +30,13 @@ import pycollective
 import torch
 
 
+class _NoOp(dist.ProcessGroup):
+    """A backend that does nothing: what torch's own wrapper costs around any backend."""
+
+    def allreduce(self, tensors: object, opts: object = None, *args: object) -> None:
+        return None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=20000)
@@ -42,8 +53,11 @@ def main() -> None:
     a = np.ones(1, dtype=np.float32)
     opts = dist.AllreduceOptions()
     opts.asyncOp = False
+    noop = _NoOp(0, 1)
     cases = {
         "dist.all_reduce (torch's wrapper + the backend)": lambda: dist.all_reduce(t),
+        "dist.all_reduce, group given": lambda: dist.all_reduce(t, group=pg),
+        "dist.all_reduce, a no-op backend (torch's floor)": lambda: dist.all_reduce(t, group=noop),
         "the backend's allreduce method": lambda: pg.allreduce([t], opts),
         "pycollective.all_reduce (our API's entry)": lambda: pycollective.all_reduce(a, group=ours),
     }

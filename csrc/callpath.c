@@ -10,14 +10,16 @@
 
 /* A group's compiled per-call path (core/group.py `fast`, runners/native.py). The first
  * call of a signature runs the whole Python path (every check, the runner's plan); if it
- * succeeds, the group registers the signature here (`add`): the buffer's type, format and
- * length, the op or root object as the caller passed it (held, compared by identity), the
- * compiled Plan and the flight-recorder fields of the call. A later call with the same
- * signature then goes from the API function straight to `callpath_run`, which does what
- * ProcessGroup.run_collective does, in C, on the group's and the engine's C-owned state
- * (callstate.h: no attribute is looked up by name, so no rename on the Python side can
- * turn this path off unnoticed): the group is usable and the transport was checked less
- * than a millisecond ago (else it returns False and the caller runs the Python path,
+ * succeeds, the group registers the signature here (`add`): the buffers' types, formats and
+ * lengths (one buffer, or all_gather's and reduce_scatter's output and input), the op and
+ * root objects as the caller passed them (held, compared by identity), the compiled Plan
+ * and the flight-recorder fields of the call. It repeats all_reduce, broadcast, reduce,
+ * all_gather (into a tensor), reduce_scatter (of a tensor) and barrier. A later call with
+ * the same signature then goes from the API function straight to `callpath_run`, which
+ * does what ProcessGroup.run_collective does, in C, on the group's and the engine's
+ * C-owned state (callstate.h: no attribute is looked up by name, so no rename on the
+ * Python side can turn this path off unnoticed): the group is usable and the transport was
+ * checked less than a millisecond ago (else it returns False and the caller runs the Python path,
  * which checks it), the engine is idle (its lock is held for the call, so no other
  * thread can start one), the sequence number, the flight-recorder entry (written
  * into the ring's preallocated Entry, field by field at the offsets of its __slots__),
@@ -38,26 +40,43 @@ enum { E_ID, E_SEQ, E_STATE, E_ISSUED, E_STARTED, E_ENDED, E_ERROR, E_CULPRITS, 
 #define E_NSTATIC (E_COUNT - E_STATIC)
 #define PATH_SIGS 16
 /* The collectives this path repeats, and their rows of the signature table. */
-enum { ROW_ALL_REDUCE, ROW_BROADCAST, ROW_BARRIER, PATH_ROWS };
+enum { ROW_ALL_REDUCE, ROW_BROADCAST, ROW_BARRIER, ROW_REDUCE, ROW_ALL_GATHER, ROW_REDUCE_SCATTER,
+       PATH_ROWS };
 
 static inline int sig_row(int coll)
 {
-    return coll == C_ALL_REDUCE ? ROW_ALL_REDUCE
-         : coll == C_BROADCAST  ? ROW_BROADCAST
-         : coll == C_BARRIER    ? ROW_BARRIER
-                                : -1;
+    return coll == C_ALL_REDUCE      ? ROW_ALL_REDUCE
+         : coll == C_BROADCAST       ? ROW_BROADCAST
+         : coll == C_BARRIER         ? ROW_BARRIER
+         : coll == C_REDUCE          ? ROW_REDUCE
+         : coll == C_ALL_GATHER      ? ROW_ALL_GATHER
+         : coll == C_REDUCE_SCATTER  ? ROW_REDUCE_SCATTER
+                                     : -1;
+}
+
+/* all_gather and reduce_scatter take an output and an input; the others one buffer (the
+ * data), reduce two keys (its root, then its op), the others one at most. */
+static inline int two_buffers(int coll)
+{
+    return coll == C_ALL_GATHER || coll == C_REDUCE_SCATTER;
 }
 #define FORMAT_CHARS 8
 
+/* One buffer of a signature: [0] the data (or output), [1] the input of a call with two. */
 typedef struct {
-    PyObject *type;     /* the buffer's type (NULL: a free slot) */
-    PyObject *key;      /* op (all_reduce), src (broadcast) as passed; Py_None for barrier */
-    PyObject *plan;     /* PlanObject */
+    PyObject *type; /* NULL: no such buffer */
+    Py_ssize_t len;
+    char format[FORMAT_CHARS];
+} sig_buf;
+
+typedef struct {
+    sig_buf buf[2];
+    PyObject *key[2];   /* op (all_reduce, reduce_scatter), src (broadcast), dst and op
+                           (reduce), as passed; NULL where unused */
+    PyObject *plan;     /* PlanObject (NULL: a free slot) */
     PyObject *prepared; /* handed back to `finish` */
     PyObject *fields[E_NSTATIC];
-    Py_ssize_t len;
-    int writes;
-    char format[FORMAT_CHARS];
+    int writes;         /* whether the data/output buffer is written */
 } call_sig;
 
 typedef struct {
@@ -81,8 +100,10 @@ static PyObject *s_next, *s_ring, *s_capacity, *s_acquire, *s_release;
 
 static void sig_clear(call_sig *g)
 {
-    Py_CLEAR(g->type);
-    Py_CLEAR(g->key);
+    for (int b = 0; b < 2; b++) {
+        Py_CLEAR(g->buf[b].type);
+        Py_CLEAR(g->key[b]);
+    }
     Py_CLEAR(g->plan);
     Py_CLEAR(g->prepared);
     for (int i = 0; i < E_NSTATIC; i++)
@@ -103,8 +124,10 @@ static int CallPath_traverse(CallPathObject *f, visitproc visit, void *arg)
     for (int k = 0; k < PATH_ROWS; k++)
         for (int i = 0; i < f->count[k]; i++) {
             call_sig *g = &f->sig[k][i];
-            Py_VISIT(g->type);
-            Py_VISIT(g->key);
+            for (int b = 0; b < 2; b++) {
+                Py_VISIT(g->buf[b].type);
+                Py_VISIT(g->key[b]);
+            }
             Py_VISIT(g->plan);
             Py_VISIT(g->prepared);
             for (int j = 0; j < E_NSTATIC; j++)
@@ -244,9 +267,46 @@ static int buffer_of(PyObject *obj, Py_buffer *v)
     return 0;
 }
 
-/* add(obj, key, plan, prepared, entry) -> bool: register a signature (obj: the buffer of the
- * call, None for a barrier; entry: its flight-recorder entry, for the fields every call of
- * it shares). */
+/* A signature's buffer: `obj`'s type, format and length, if it holds `want` bytes. */
+static int sig_buf_of(PyObject *obj, Py_ssize_t want, sig_buf *b)
+{
+    Py_buffer v;
+    if (buffer_of(obj, &v) < 0)
+        return -1;
+    const char *fmt = v.format ? v.format : "B";
+    int ok = strlen(fmt) < FORMAT_CHARS && v.len == want;
+    if (ok) {
+        strcpy(b->format, fmt);
+        b->len = v.len;
+        b->type = (PyObject *)Py_TYPE(obj); /* a borrowed reference until the slot takes it */
+    }
+    PyBuffer_Release(&v);
+    return ok ? 0 : -1;
+}
+
+/* The two items of a pair (a tuple of two), or -1. */
+static int pair(PyObject *t, PyObject **a, PyObject **b)
+{
+    if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 2)
+        return -1;
+    *a = PyTuple_GET_ITEM(t, 0);
+    *b = PyTuple_GET_ITEM(t, 1);
+    return 0;
+}
+
+static inline int sig_same(const call_sig *s, const call_sig *g)
+{
+    for (int b = 0; b < 2; b++)
+        if (s->key[b] != g->key[b] || s->buf[b].type != g->buf[b].type ||
+            s->buf[b].len != g->buf[b].len || strcmp(s->buf[b].format, g->buf[b].format))
+            return 0;
+    return 1;
+}
+
+/* add(obj, key, plan, prepared, entry) -> bool: register a signature. obj: the buffer of the
+ * call (None for a barrier; all_gather and reduce_scatter: the pair (output, input)); key:
+ * the op or root as the caller passed it (reduce: the pair (dst, op); all_gather: None);
+ * entry: its flight-recorder entry, for the fields every call of it shares. */
 static PyObject *CallPath_add(CallPathObject *f, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 5) {
@@ -267,25 +327,31 @@ static PyObject *CallPath_add(CallPathObject *f, PyObject *const *args, Py_ssize
     if (f->capacity && !Py_IS_TYPE(entry, (PyTypeObject *)f->entry_type))
         Py_RETURN_FALSE;
     call_sig g = {0};
+    PyObject *objs[2] = {obj, NULL}, *keys[2] = {key, NULL};
+    if (two_buffers(coll) && pair(obj, &objs[0], &objs[1]) < 0)
+        Py_RETURN_FALSE;
+    if (coll == C_REDUCE && pair(key, &keys[0], &keys[1]) < 0)
+        Py_RETURN_FALSE;
     if (coll != C_BARRIER) {
-        Py_buffer v;
-        if (buffer_of(obj, &v) < 0)
-            Py_RETURN_FALSE;
-        const char *fmt = v.format ? v.format : "B";
-        int ok = strlen(fmt) < FORMAT_CHARS && v.len == plan->ann[2] * (int64_t)plan->itemsize;
-        if (ok) {
-            strcpy(g.format, fmt);
-            g.len = v.len;
-        }
-        PyBuffer_Release(&v);
-        if (!ok)
-            Py_RETURN_FALSE;
-        g.writes = !(coll == C_BROADCAST && plan->root == f->arena->rank);
+        /* the bytes each buffer holds: the call's count, and world size x count for the
+         * gathered side */
+        const Py_ssize_t block = (Py_ssize_t)(plan->ann[2] * (int64_t)plan->itemsize);
+        const Py_ssize_t whole = block * f->arena->size;
+        const Py_ssize_t want[2] = {coll == C_ALL_GATHER ? whole : block,
+                                    coll == C_REDUCE_SCATTER ? whole : block};
+        for (int b = 0; b < 2; b++)
+            if (objs[b] && sig_buf_of(objs[b], want[b], &g.buf[b]) < 0)
+                Py_RETURN_FALSE;
+        /* what only reads: reduce's non-roots, broadcast's root */
+        const int r = f->arena->rank;
+        g.writes = !((coll == C_REDUCE && plan->root != r) ||
+                     (coll == C_BROADCAST && plan->root == r));
     }
+    g.key[0] = keys[0];
+    g.key[1] = keys[1];
     call_sig *list = f->sig[row];
     int i = 0;
-    while (i < f->count[row] && !(list[i].type == (PyObject *)Py_TYPE(obj) && list[i].key == key &&
-                                   list[i].len == g.len && !strcmp(list[i].format, g.format)))
+    while (i < f->count[row] && !sig_same(&list[i], &g))
         i++;
     if (i == PATH_SIGS) { /* full: replace one, round robin */
         i = f->evict;
@@ -295,8 +361,10 @@ static PyObject *CallPath_add(CallPathObject *f, PyObject *const *args, Py_ssize
         f->count[row]++;
     else
         sig_clear(&list[i]);
-    g.type = Py_NewRef((PyObject *)Py_TYPE(obj));
-    g.key = Py_NewRef(key);
+    for (int b = 0; b < 2; b++) {
+        Py_XINCREF(g.buf[b].type);
+        Py_XINCREF(g.key[b]);
+    }
     g.plan = Py_NewRef((PyObject *)plan);
     g.prepared = Py_NewRef(args[3]);
     for (int j = 0; j < E_NSTATIC; j++)
@@ -314,7 +382,10 @@ static inline void unlock(CallPathObject *f)
         PyErr_WriteUnraisable(f->release);
 }
 
-static PyObject *callpath_run(CallPathObject *f, int coll, PyObject *obj, PyObject *key)
+/* Run a call of `coll` on `obj` (the data, or the output), `in` (the input of a call with
+ * two buffers, else NULL) and the keys k0, k1 (NULL where unused: add's). */
+static PyObject *callpath_run(CallPathObject *f, int coll, PyObject *obj, PyObject *in,
+                              PyObject *k0, PyObject *k1)
 {
     ArenaObject *a = f->arena;
     if (!a || !a->ctrl || a->c.pc >= 0)
@@ -322,31 +393,45 @@ static PyObject *callpath_run(CallPathObject *f, int coll, PyObject *obj, PyObje
     call_sig *g = NULL;
     call_sig *list = f->sig[sig_row(coll)];
     const int nsig = f->count[sig_row(coll)];
-    char *buf = NULL;
-    PyObject *tp = (PyObject *)Py_TYPE(obj);
+    char *buf = NULL, *inbuf = NULL;
+    PyObject *tp = (PyObject *)Py_TYPE(obj), *tin = in ? (PyObject *)Py_TYPE(in) : NULL;
     if (coll == C_BARRIER) {
         if (nsig)
             g = &list[0];
     } else {
         int i = 0;
-        while (i < nsig && !(list[i].key == key && list[i].type == tp))
+        while (i < nsig && !(list[i].key[0] == k0 && list[i].key[1] == k1 &&
+                             list[i].buf[0].type == tp && list[i].buf[1].type == tin))
             i++;
         if (i == nsig)
             Py_RETURN_FALSE;
-        Py_buffer v;
+        Py_buffer v, vi;
         if (buffer_of(obj, &v) < 0)
             Py_RETURN_FALSE;
+        if (in && buffer_of(in, &vi) < 0) {
+            PyBuffer_Release(&v);
+            Py_RETURN_FALSE;
+        }
         const char *fmt = v.format ? v.format : "B";
+        const char *fmt_in = in ? (vi.format ? vi.format : "B") : "";
+        const Py_ssize_t len_in = in ? vi.len : 0;
         for (; i < nsig; i++) {
             call_sig *s = &list[i];
-            if (s->key == key && s->type == tp && s->len == v.len && !strcmp(s->format, fmt) &&
-                !(s->writes && v.readonly)) {
+            if (s->key[0] == k0 && s->key[1] == k1 && s->buf[0].type == tp &&
+                s->buf[0].len == v.len && !strcmp(s->buf[0].format, fmt) &&
+                !(s->writes && v.readonly) && s->buf[1].type == tin &&
+                s->buf[1].len == len_in && !strcmp(s->buf[1].format, fmt_in)) {
                 g = s;
                 break;
             }
         }
-        buf = v.buf; /* obj is kept alive (keep[1]) while the call runs */
+        /* obj and in are kept alive (keep[1], keep[0]) while the call runs */
+        buf = v.buf;
         PyBuffer_Release(&v);
+        if (in) {
+            inbuf = vi.buf;
+            PyBuffer_Release(&vi);
+        }
     }
     if (!g)
         Py_RETURN_FALSE;
@@ -429,8 +514,8 @@ static PyObject *callpath_run(CallPathObject *f, int coll, PyObject *obj, PyObje
     /* The call itself. */
     PlanObject *plan = (PlanObject *)g->plan;
     static const int64_t unshared[BUF_WORDS] = {0, 0, 0, 0};
-    int64_t n = buf ? (int64_t)(g->len / (Py_ssize_t)plan->itemsize) : 0;
-    pyc_start_call(a, plan, NULL, buf, n, seq, unshared, NULL, buf ? obj : NULL);
+    int64_t n = buf ? plan->ann[2] : 0; /* the count add checked the lengths against */
+    pyc_start_call(a, plan, inbuf, buf, n, seq, unshared, in, buf ? obj : NULL);
     /* Another thread may change the table while this one waits without the GIL. */
     PyObject *prepared = Py_NewRef(g->prepared);
     g = NULL;
@@ -505,7 +590,7 @@ static PyObject *CallPath_all_reduce(CallPathObject *f, PyObject *const *args, P
         PyErr_SetString(PyExc_TypeError, "all_reduce(tensor, op)");
         return NULL;
     }
-    return callpath_run(f, C_ALL_REDUCE, args[0], args[1]);
+    return callpath_run(f, C_ALL_REDUCE, args[0], NULL, args[1], NULL);
 }
 
 /* broadcast(tensor, src) */
@@ -515,12 +600,43 @@ static PyObject *CallPath_broadcast(CallPathObject *f, PyObject *const *args, Py
         PyErr_SetString(PyExc_TypeError, "broadcast(tensor, src)");
         return NULL;
     }
-    return callpath_run(f, C_BROADCAST, args[0], args[1]);
+    return callpath_run(f, C_BROADCAST, args[0], NULL, args[1], NULL);
+}
+
+/* reduce(tensor, dst, op) */
+static PyObject *CallPath_reduce(CallPathObject *f, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "reduce(tensor, dst, op)");
+        return NULL;
+    }
+    return callpath_run(f, C_REDUCE, args[0], NULL, args[1], args[2]);
+}
+
+/* all_gather(output, input): all_gather_into_tensor's */
+static PyObject *CallPath_all_gather(CallPathObject *f, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "all_gather(output, input)");
+        return NULL;
+    }
+    return callpath_run(f, C_ALL_GATHER, args[0], args[1], Py_None, NULL);
+}
+
+/* reduce_scatter(output, input, op): reduce_scatter_tensor's */
+static PyObject *CallPath_reduce_scatter(CallPathObject *f, PyObject *const *args,
+                                         Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "reduce_scatter(output, input, op)");
+        return NULL;
+    }
+    return callpath_run(f, C_REDUCE_SCATTER, args[0], args[1], args[2], NULL);
 }
 
 static PyObject *CallPath_barrier(CallPathObject *f, PyObject *Py_UNUSED(ignored))
 {
-    return callpath_run(f, C_BARRIER, Py_None, Py_None);
+    return callpath_run(f, C_BARRIER, Py_None, NULL, Py_None, NULL);
 }
 
 static PyObject *CallPath_forget(CallPathObject *f, PyObject *Py_UNUSED(ignored))
@@ -556,6 +672,12 @@ static PyMethodDef CallPath_methods[] = {
      "all_reduce(tensor, op) -> True if it ran the call, False: run the Python path"},
     {"broadcast", (PyCFunction)(void (*)(void))CallPath_broadcast, METH_FASTCALL,
      "broadcast(tensor, src) -> True if it ran the call, False: run the Python path"},
+    {"reduce", (PyCFunction)(void (*)(void))CallPath_reduce, METH_FASTCALL,
+     "reduce(tensor, dst, op) -> True if it ran the call, False: run the Python path"},
+    {"all_gather", (PyCFunction)(void (*)(void))CallPath_all_gather, METH_FASTCALL,
+     "all_gather(output, input) -> True if it ran the call, False: run the Python path"},
+    {"reduce_scatter", (PyCFunction)(void (*)(void))CallPath_reduce_scatter, METH_FASTCALL,
+     "reduce_scatter(output, input, op) -> True if it ran the call, False: run the Python path"},
     {"barrier", (PyCFunction)CallPath_barrier, METH_NOARGS,
      "barrier() -> True if it ran the call, False: run the Python path"},
     {"add", (PyCFunction)(void (*)(void))CallPath_add, METH_FASTCALL,

@@ -4,7 +4,9 @@ compiled path through the tensors' views, and a tensor changed since its view wa
 (storage, length, dtype, contiguity, negative or conjugate bit) is reduced right or
 refused, never run on a stale view.
 
-Prints `FAST json` (compiled calls before and after the repeated ones) and `ok`.
+Prints `FAST json` (compiled calls before and after the repeated all_reduce and broadcast
+calls), `FAST_OTHERS json` (the same around repeated reduce, all_gather_into_tensor and
+reduce_scatter_tensor calls) and `ok`.
 """
 
 from __future__ import annotations
@@ -106,6 +108,25 @@ def main() -> None:
         col = torch.arange(2.0 * RANK, 2.0 * RANK + 2)
         want_rs = col * P + P * (P - 1) / 2 + P * i if op == dist.ReduceOp.SUM else col + P - 1 + i
         same(rout, want_rs, f"repeated reduce_scatter_tensor {i}")
+    # ... and compiled every time, once their first call taught the path their signatures
+    before = g.fast.calls if g.fast is not None else None
+    for i in range(REPEATS):
+        red.fill_(float(RANK + i))
+        dist.reduce(red, dst=P - 1)
+        if RANK == P - 1:
+            same(red, torch.full((4,), P * (P - 1) / 2 + P * i), f"compiled reduce {i}")
+        else:
+            same(red, torch.full((4,), float(RANK + i)), f"compiled reduce {i}, a non-root")
+        gin.fill_(float(RANK * 10 + i))
+        dist.all_gather_into_tensor(gout, gin)
+        want_g = torch.tensor([float(q * 10 + i) for q in range(P) for _ in range(2)])
+        same(gout, want_g, f"compiled all_gather_into_tensor {i}")
+        rin.copy_(torch.arange(2.0 * P) + RANK + i)
+        dist.reduce_scatter_tensor(rout, rin)
+        col = torch.arange(2.0 * RANK, 2.0 * RANK + 2)
+        same(rout, col * P + P * (P - 1) / 2 + P * i, f"compiled reduce_scatter_tensor {i}")
+    after = g.fast.calls if g.fast is not None else None
+    print("FAST_OTHERS " + json.dumps([before, after]), flush=True)
     # an async call takes no view (it could outlive the caller's hold on the tensor)
     views = len(g.tensor_views)
     w = dist.all_reduce(torch.ones(5), async_op=True)

@@ -26,7 +26,11 @@ def test_repeated_tensor_calls_run_compiled_and_changed_tensors_right() -> None:
     compiled = arena.available() and os.environ.get("PYCOLLECTIVE_NATIVE", "1") != "0"
     for r in results:
         ((before, after),) = tagged(r, "FAST")
+        ((before_others, after_others),) = tagged(r, "FAST_OTHERS")
         if compiled:  # every repeated all_reduce and broadcast of a tensor ran compiled
             assert after - before == 2 * REPEATS, describe(r)
+            # and every repeated reduce, all_gather_into_tensor and reduce_scatter_tensor
+            assert after_others - before_others == 3 * REPEATS, describe(r)
         else:
             assert before is None and after is None, describe(r)
+            assert before_others is None and after_others is None, describe(r)

@@ -2,9 +2,11 @@
 
     python tests/native/_fast_worker.py SCENARIO [ARG...]
 
-Lines it prints: `DIGEST hex` (every result, in order), `FAST json` (the group's compiled
-path: calls it ran and handed back to Python; null when the group has none), `RESULT json`
-(one step: error class, message, seconds, .peer, .waiting_on), `FLIGHT json` (entries).
+Lines it prints: `DIGEST hex` (every result, in order), `OWN "hex"` (bits: the results
+that differ by rank, as a reduce's non-roots or reduce_scatter's blocks), `FAST json` (the
+group's compiled path: calls it ran and handed back to Python; null when the group has
+none), `RESULT json` (one step: error class, message, seconds, .peer, .waiting_on),
+`FLIGHT json` (entries).
 
 FAST_TEST_OFF=1 turns the path of repeated calls of the scheduled runner (TCP: runners/
 swap.py) off, for the Python reference. FAST_TEST_RECHECK=SECONDS stretches the
@@ -93,6 +95,8 @@ def bits() -> None:
                 h.update(x.tobytes())
     for _ in range(3):
         dist.barrier()
+    mine = hashlib.sha256()
+    rooted_and_gathered(h, mine, dtypes)
     # Signatures taking turns: dtype, count, op, root, shape and array change call to call.
     a = np.arange(8, dtype=np.float32) + RANK
     b = np.arange(8, dtype=np.int64) * (RANK + 1)
@@ -116,13 +120,46 @@ def bits() -> None:
     # What it must refuse, as the Python path does: every rank passes the same, so each
     # raises the same UsageError and the group stays usable.
     refused = []
-    big = np.ones(16, np.float32)
+    big = np.ones(16 * P, np.float32)
+    # signatures the refused calls below resemble, known to the compiled path first
+    dist.reduce(np.ones(8, np.float32), dst=0)
+    dist.all_gather_into_tensor(np.ones(8 * P, np.float32), big[:8])
+    dist.reduce_scatter_tensor(np.ones(8, np.float32), big[: 8 * P])
+    dist.reduce_scatter_tensor(np.ones(8, bool), np.ones(8 * P, bool), dist.ReduceOp.MAX)
     for bad, what in (
         (lambda: dist.all_reduce(big[::2]), "non-contiguous"),
         (lambda: dist.all_reduce(np.ones(8, np.float32).reshape(2, 4).T), "transposed"),
         (lambda: dist.all_reduce(_read_only()), "read-only"),
         (lambda: dist.all_reduce(np.ones(8, np.float32), 0), "int op"),
         (lambda: dist.all_reduce(np.ones(8, np.float32), dist.ReduceOp.BAND), "float band"),
+        (lambda: dist.reduce(_read_only(), dst=RANK), "read-only at the root"),
+        (lambda: dist.reduce(big[::2], dst=0), "non-contiguous reduce"),
+        (
+            lambda: dist.all_gather_into_tensor(np.ones(8 * P + 1, np.float32), big[:8]),
+            "all_gather output of the wrong size",
+        ),
+        (
+            lambda: dist.all_gather_into_tensor(np.ones(8 * P, np.float64), big[:8]),
+            "all_gather output of another dtype",
+        ),
+        (
+            lambda: dist.all_gather_into_tensor(_read_only_of(8 * P), big[:8]),
+            "read-only all_gather output",
+        ),
+        (
+            lambda: dist.reduce_scatter_tensor(np.ones(8, np.float32), big[: 8 * P - 1]),
+            "reduce_scatter input of the wrong size",
+        ),
+        (
+            lambda: dist.reduce_scatter_tensor(_read_only_of(8), np.ones(8 * P, np.float32)),
+            "read-only reduce_scatter output",
+        ),
+        (
+            lambda: dist.reduce_scatter_tensor(
+                np.ones(8, bool), np.ones(8 * P, bool), dist.ReduceOp.AVG
+            ),
+            "bool reduce_scatter AVG",
+        ),
     ):
         try:
             bad()
@@ -135,11 +172,66 @@ def bits() -> None:
     h.update(after.tobytes())
     print("REFUSED " + json.dumps(refused), flush=True)
     print("DIGEST " + h.hexdigest(), flush=True)
+    print("OWN " + json.dumps(mine.hexdigest()), flush=True)
     fast_counts()
 
 
+def rooted_and_gathered(h, mine, dtypes: list) -> None:
+    """reduce to every root, all_gather_into_tensor and reduce_scatter_tensor, for every
+    dtype with SUM, and float32's and int32's other ops, twice each (the first runs the
+    Python path, the second the compiled one; the kernels are all_reduce's, checked above),
+    then their signatures taking turns. What every rank ends with alike goes into `h`;
+    what is this rank's own (a reduce's result or untouched data, a reduce_scatter's
+    block) into `mine`."""
+    for dtype in dtypes:
+        for op in ReduceOp:
+            try:
+                check_op_dtype(op, dtype)
+            except dist.UsageError:
+                continue
+            if op is ReduceOp.SUM:
+                counts: tuple[int, ...] = (0, 7)
+            elif dtype.name in ("float32", "int32"):
+                counts = (3,)
+            else:
+                continue
+            for count in counts:
+                for rep in range(2):
+                    seed = _seed(RANK, rep, dtype.name, op.name, count, "rooted")
+                    for root in range(P):
+                        x = data(dtype, count, seed + root)
+                        dist.reduce(x, dst=root, op=op)
+                        mine.update(x.tobytes())  # the non-roots' own data: unchanged
+                    out = np.zeros(P * count, dtype.numpy)
+                    dist.all_gather_into_tensor(out, data(dtype, count, seed))
+                    h.update(out.tobytes())
+                    rs = np.zeros(count, dtype.numpy)
+                    dist.reduce_scatter_tensor(rs, data(dtype, P * count, seed + 1), op)
+                    mine.update(rs.tobytes())
+    for rep in range(4):
+        a = np.arange(6, dtype=np.float32) * (RANK + 1) + rep
+        b = np.arange(6, dtype=np.int32) - RANK
+        for x, root, op in ((a, rep % P, dist.ReduceOp.SUM), (b, 0, dist.ReduceOp.MAX),
+                            (a, 0, dist.ReduceOp.AVG)):  # fmt: skip
+            y = x.copy()
+            dist.reduce(y, dst=root, op=op)
+            mine.update(y.tobytes())
+        for x in (a, b, a[:3]):
+            out = np.zeros(P * x.size, x.dtype)
+            dist.all_gather_into_tensor(out, x)
+            h.update(out.tobytes())
+        for x, op in ((a, dist.ReduceOp.SUM), (b, dist.ReduceOp.MIN), (a, dist.ReduceOp.AVG)):
+            out = np.zeros(x.size // P, x.dtype)
+            dist.reduce_scatter_tensor(out, x, op)
+            mine.update(out.tobytes())
+
+
 def _read_only() -> np.ndarray:
-    x = np.ones(8, np.float32)
+    return _read_only_of(8)
+
+
+def _read_only_of(n: int) -> np.ndarray:
+    x = np.ones(n, np.float32)
     x.flags.writeable = False
     return x
 
@@ -166,35 +258,56 @@ def flight() -> None:
     fast_counts()
 
 
-def mismatch(how: str) -> None:
-    """Repeated calls, then rank 1 calls a different one (count or op)."""
+def _repeated(collective: str):
+    """A call of `collective` on fixed buffers, to repeat (mismatch, kill)."""
     x = np.ones(8, np.float32)
+    gathered = np.ones(8 * P, np.float32)
+    return {
+        "all_reduce": lambda: dist.all_reduce(x),
+        "reduce": lambda: dist.reduce(x, dst=0),
+        "all_gather": lambda: dist.all_gather_into_tensor(gathered, x),
+        "reduce_scatter": lambda: dist.reduce_scatter_tensor(x, gathered),
+    }[collective]
+
+
+# What rank 1 calls instead of the repeated call, by what differs: "count", "op" (an
+# all_reduce), "reduce-root", "all_gather-count", "reduce_scatter-dtype".
+_ODD = {
+    "count": lambda: dist.all_reduce(np.ones(9, np.float32)),
+    "op": lambda: dist.all_reduce(np.ones(8, np.float32), dist.ReduceOp.MAX),
+    "reduce-root": lambda: dist.reduce(np.ones(8, np.float32), dst=1),
+    "all_gather-count": lambda: dist.all_gather_into_tensor(
+        np.ones(9 * P, np.float32), np.ones(9, np.float32)
+    ),
+    "reduce_scatter-dtype": lambda: dist.reduce_scatter_tensor(
+        np.ones(8, np.float64), np.ones(8 * P, np.float64)
+    ),
+}
+
+
+def mismatch(how: str) -> None:
+    """Repeated calls, then rank 1 calls a different one (`how`: _ODD's)."""
+    call = _repeated(how.split("-")[0] if "-" in how else "all_reduce")
     for _ in range(5):
-        dist.all_reduce(x)
+        call()
     fast_counts()
-    if RANK == 1:
-        if how == "count":
-            attempt("call", lambda: dist.all_reduce(np.ones(9, np.float32)))
-        else:
-            attempt("call", lambda: dist.all_reduce(x, dist.ReduceOp.MAX))
-    else:
-        attempt("call", lambda: dist.all_reduce(x))
+    attempt("call", _ODD[how] if RANK == 1 else call)
     fast_counts()
 
 
-def kill(victim: int) -> None:
+def kill(victim: int, collective: str = "all_reduce") -> None:
     """Repeated calls, then the victim is killed while the others wait in one."""
-    x = np.ones(1, np.float32)
+    call = _repeated(collective)
     for _ in range(5):
-        dist.all_reduce(x)
+        call()
     if RANK == victim:
-        dist.all_reduce(x)
-        time.sleep(0.3)  # the others are in the next all_reduce by now
+        call()
+        time.sleep(0.3)  # the others are in the next call by now
         report(step="killed", error=None, elapsed=0.0, at=time.time())
         os.kill(os.getpid(), signal.SIGKILL)
-    dist.all_reduce(x)
+    call()
     fast_counts()
-    attempt("call", lambda: dist.all_reduce(x))
+    attempt("call", call)
     fast_counts()
 
 
@@ -276,16 +389,21 @@ def mixed() -> None:
 
 
 def repeat(n: int) -> None:
-    """After one all_reduce, broadcast and barrier (the Python path, which teaches the
-    compiled one their signatures), n more of each: `REPEATED n` with how many of those
+    """After one all_reduce, broadcast, barrier, reduce, all_gather_into_tensor and
+    reduce_scatter_tensor (the Python path, which teaches the compiled one their
+    signatures), n more of each: `REPEATED n` with how many of those
     the compiled path ran (all of them should)."""
     x = np.ones(1, np.float32)
     y = np.arange(3, dtype=np.int64)
+    z = np.arange(2 * P, dtype=np.float64)
 
     def calls() -> None:
         dist.all_reduce(x)
         dist.broadcast(y, src=0)
         dist.barrier()
+        dist.reduce(y, dst=P - 1, op=dist.ReduceOp.MAX)
+        dist.all_gather_into_tensor(z, z[2 * RANK : 2 * RANK + 2])  # in place, FSDP's way
+        dist.reduce_scatter_tensor(x, np.ones(P, np.float32))
 
     calls()
     fast = dist.group.WORLD.fast
@@ -303,7 +421,7 @@ def main() -> None:
         "bits": bits,
         "flight": flight,
         "mismatch": lambda: mismatch(args[0]),
-        "kill": lambda: kill(int(args[0])),
+        "kill": lambda: kill(int(args[0]), *args[1:]),
         "never": never,
         "threads": threads,
         "mixed": mixed,

@@ -47,6 +47,8 @@ def test_repeated_calls_give_the_python_references_bits(nprocs: int) -> None:
         assert r.returncode == 0, describe(r)
     digests = {d for r in compiled + python for d in tagged(r, "DIGEST")}
     assert len(digests) == 1, [describe(r) for r in compiled + python]
+    for c, p in zip(compiled, python, strict=True):  # each rank's own results
+        assert tagged(c, "OWN") == tagged(p, "OWN") and len(tagged(c, "OWN")) == 1, describe(c)
     for r in compiled:
         (fast,) = tagged(r, "FAST")
         # the repeated calls (two of three of each signature, most of the rest) ran compiled
@@ -62,13 +64,14 @@ def test_repeated_calls_give_the_python_references_bits(nprocs: int) -> None:
 def test_every_repeated_call_it_should_take_runs_compiled() -> None:
     """The compiled path must not be off, silently, for calls it is for (it reads the
     group's and engine's state as C-owned records, _callstate.py, so no Python rename can
-    turn it off; this counts it): 2 ranks, after the first all_reduce, broadcast and
-    barrier (which teach it their signatures), 100 more of each: all of them."""
+    turn it off; this counts it): 2 ranks, after the first all_reduce, broadcast, barrier,
+    reduce, all_gather_into_tensor and reduce_scatter_tensor (which teach it their
+    signatures), 100 more of each: all of them."""
     n = 100
     results = _job(2, "repeat", str(n), env=ALWAYS)
     for r in results:
         assert r.returncode == 0, describe(r)
-        assert tagged(r, "REPEATED") == [3 * n], describe(r)
+        assert tagged(r, "REPEATED") == [6 * n], describe(r)
 
 
 @pytest.mark.timeout(60)
@@ -88,13 +91,18 @@ def test_flight_recorder_shows_compiled_calls_as_python_ones() -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("how", ["count", "op"])
+@pytest.mark.parametrize(
+    "how", ["count", "op", "reduce-root", "all_gather-count", "reduce_scatter-dtype"]
+)
 def test_a_mismatch_after_repeated_calls_raises_on_every_rank(how: str) -> None:
+    # the repeated call is an all_reduce, or the collective named before the "-"; rank 1
+    # calls one whose field after it differs
     results = _job(3, "mismatch", how, env={**ALWAYS, "PYCOLLECTIVE_TIMEOUT": "20"})
+    field = how.split("-")[-1]
     for r in results:
         (call,) = tagged(r, "RESULT")
         assert call["error"] == "MismatchError", describe(r)
-        assert f"{how} differ" in call["msg"] and "#6" in call["msg"], describe(r)
+        assert f"{field} differ" in call["msg"] and "#6" in call["msg"], describe(r)
         assert call["elapsed"] < 5.0, describe(r)
         before, after = tagged(r, "FAST")
         assert before["calls"] == 4, describe(r)  # the first call ran the Python path
@@ -105,11 +113,17 @@ def test_a_mismatch_after_repeated_calls_raises_on_every_rank(how: str) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("nprocs,victim", [(2, 1), (3, 0)])
+@pytest.mark.parametrize(
+    "nprocs,victim,collective",
+    [(2, 1, "all_reduce"), (3, 0, "all_reduce"), (2, 0, "reduce"), (3, 2, "all_gather"),
+     (2, 1, "reduce_scatter")],
+)  # fmt: skip
 def test_peers_waiting_in_a_compiled_call_for_a_killed_rank_raise_within_a_tenth_of_a_second(
-    nprocs: int, victim: int
+    nprocs: int, victim: int, collective: str
 ) -> None:
-    results = _job(nprocs, "kill", str(victim), env={**ALWAYS, "PYCOLLECTIVE_TIMEOUT": "60"})
+    results = _job(
+        nprocs, "kill", str(victim), collective, env={**ALWAYS, "PYCOLLECTIVE_TIMEOUT": "60"}
+    )
     killed_at = tagged(results[victim], "RESULT")[0]["at"]
     for r in results:
         if r.rank == victim:

@@ -164,6 +164,24 @@ def main() -> None:
         col = torch.arange(2.0 * r, 2.0 * r + 2)
         want_rs = col * n + n * (n - 1) / 2 + n * i if op == dist.ReduceOp.SUM else col + n - 1 + i
         same(rout, want_rs, f"repeated reduce_scatter_tensor {i}")
+    # ... which takes the group's compiled path once a call taught it the signature
+    compiled = pg.fast.calls if pg.fast is not None else None
+    for i in range(3):
+        red.fill_(float(r + i))
+        dist.reduce(red, dst=n - 1)
+        same(red, torch.full((4,), n * (n - 1) / 2 + n * i if r == n - 1 else float(r + i)),
+             f"compiled reduce {i}")  # fmt: skip
+        gin.fill_(float(r - i))
+        dist.all_gather_into_tensor(gout, gin)
+        same(gout, torch.tensor([float(q - i) for q in range(n) for _ in range(2)]),
+             f"compiled all_gather_into_tensor {i}")  # fmt: skip
+        rin.copy_(torch.arange(2.0 * n) * (r + 1) - i)
+        dist.reduce_scatter_tensor(rout, rin)
+        col = torch.arange(2.0 * r, 2.0 * r + 2)
+        same(rout, col * n * (n + 1) / 2 - n * i, f"compiled reduce_scatter_tensor {i}")
+    if compiled is not None:
+        assert pg.fast.calls - compiled == 9, f"{pg.fast.calls - compiled} of 9 ran compiled"
+        checks += 1
 
     # non-contiguous: a transposed view is reduced in place
     m = torch.arange(6.0).reshape(2, 3).t() * (r + 1)

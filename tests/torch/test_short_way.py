@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch.distributed as tdist
 
+import pycollective as dist
 import torch
 from pycollective.torch import _forms
 from pycollective.torch._work import DoneWork
@@ -33,6 +34,20 @@ class Recorder:
     def broadcast(self, obj: Any, src: Any) -> bool:
         self.calls.append(("broadcast", obj, src))
         return True
+
+    # These decline what they are offered: in a group of one, our API's Python path then
+    # runs the call for real, so the test can check its results.
+    def reduce(self, obj: Any, dst: Any, op: Any) -> bool:
+        self.calls.append(("reduce", obj, (dst, op)))
+        return False
+
+    def all_gather(self, out: Any, inp: Any) -> bool:
+        self.calls.append(("all_gather", (out, inp), None))
+        return False
+
+    def reduce_scatter(self, out: Any, inp: Any, op: Any) -> bool:
+        self.calls.append(("reduce_scatter", (out, inp), op))
+        return False
 
 
 class CountingSlot:
@@ -115,13 +130,22 @@ def test_reduce_and_the_flat_gathers_hand_torch_no_work_either(group: Any) -> No
         tdist.all_gather_single(gout, gin)
         tdist.reduce_scatter_single(rout, rin)
     taken = group._done.taken
+    fast = group.pycollective_group.fast
     for i in range(3):
         gin.fill_(float(i))
         rin.add_(1.0)
+        made = len(fast.calls)
         assert tdist.reduce(red, dst=0) is None
         assert tdist.all_gather_single(gout, gin) is None
         assert tdist.reduce_scatter_single(rout, rin) is None
         assert gout.tolist() == [float(i)] * 2 and rout.tolist() == rin.tolist()
+        # the short way offered the compiled path the views (then our API did, once more)
+        kinds = [c[0] for c in fast.calls[made:]]
+        assert kinds == ["reduce"] * 2 + ["all_gather"] * 2 + ["reduce_scatter"] * 2, kinds
+        (_, view, (dst, op)) = fast.calls[made]
+        assert view.ctypes.data == red.data_ptr() and dst == 0 and op == dist.ReduceOp.SUM
+        (_, (out, inp), _) = fast.calls[made + 2]
+        assert (out.ctypes.data, inp.ctypes.data) == (gout.data_ptr(), gin.data_ptr())
     assert group._done.taken == taken, "torch's functions were handed a work"
     assert red.tolist() == [3.0] * 4
     opts = tdist.ReduceOptions()

@@ -42,16 +42,37 @@ def _fast(group: ProcessGroup | None) -> Any:
         return None
 
 
-def _known_view(group: ProcessGroup | None, tensor: Any) -> Any:
-    """For a synchronous call the compiled path declined: the view of torch tensor
-    `tensor` made by a call before (the group's TensorViews), or None (not a tensor, or
-    not one seen at this address, length and dtype)."""
+def _with_view(
+    run: Callable[..., bool], group: ProcessGroup | None, tensor: Any, *keys: Any
+) -> bool:
+    """For a synchronous call the compiled path declined: offer it to `run` again with the
+    view of torch tensor `tensor` made by a call before (the group's TensorViews); False if
+    there is none (not a tensor, or not one seen at this address, length and dtype)."""
     g = _state.DEFAULT.group if group is None else group
     try:
         views = g.tensor_views  # type: ignore[union-attr]
     except AttributeError:
-        return None
-    return views.known(tensor)
+        return False
+    view = views.known(tensor)
+    return view is not None and run(view, *keys)
+
+
+def _with_views(
+    run: Callable[..., bool], group: ProcessGroup | None, out: Any, inp: Any, *keys: Any
+) -> bool:
+    """_with_view for a call of two buffers (either may be a numpy array)."""
+    if type(out) is np.ndarray and type(inp) is np.ndarray:
+        return False  # declined as they are: no view would change that
+    g = _state.DEFAULT.group if group is None else group
+    try:
+        views = g.tensor_views  # type: ignore[union-attr]
+    except AttributeError:
+        return False
+    if type(out) is not np.ndarray:
+        out = views.known(out)
+    if type(inp) is not np.ndarray:
+        inp = views.known(inp)
+    return out is not None and inp is not None and run(out, inp, *keys)
 
 
 def _buffer(
@@ -161,13 +182,11 @@ def all_reduce(
         # against it and runs it, or declines (then the checks below run as ever). A
         # torch tensor is no buffer: its view from before is.
         fast = _fast(group)
-        if fast is not None:
-            if fast.all_reduce(tensor, op):
-                return None
-            if type(tensor) is not np.ndarray:
-                view = _known_view(group, tensor)
-                if view is not None and fast.all_reduce(view, op):
-                    return None
+        if fast is not None and (
+            fast.all_reduce(tensor, op)
+            or (type(tensor) is not np.ndarray and _with_view(fast.all_reduce, group, tensor, op))
+        ):
+            return None
     g = _group(group)
     if not g.is_member:
         return None
@@ -201,13 +220,11 @@ def broadcast(
     repeatable = not async_op and algorithm is None and group_src is None
     if repeatable:
         fast = _fast(group)  # see all_reduce
-        if fast is not None:
-            if fast.broadcast(tensor, src):
-                return None
-            if type(tensor) is not np.ndarray:
-                view = _known_view(group, tensor)
-                if view is not None and fast.broadcast(view, src):
-                    return None
+        if fast is not None and (
+            fast.broadcast(tensor, src)
+            or (type(tensor) is not np.ndarray and _with_view(fast.broadcast, group, tensor, src))
+        ):
+            return None
     g = _group(group)
     if not g.is_member:
         return None
@@ -239,12 +256,20 @@ def reduce(
     algorithm: str | None = None,
 ) -> Work | None:
     """Reduce `tensor` across the group into rank `dst`'s tensor; others are left unchanged."""
+    repeatable = not async_op and algorithm is None and group_dst is None
+    if repeatable:
+        fast = _fast(group)  # see all_reduce
+        if fast is not None and (
+            fast.reduce(tensor, dst, op)
+            or (type(tensor) is not np.ndarray and _with_view(fast.reduce, group, tensor, dst, op))
+        ):
+            return None
     g = _group(group)
     if not g.is_member:
         return None
     root = _root(g, dst, group_dst, "dst")
     is_root = g.rank() == root
-    _, buf = _buffer(g, tensor, "reduce tensor", is_root, not async_op)
+    obj, buf = _buffer(g, tensor, "reduce tensor", is_root, not async_op)
     rop = _op(op, buf.dtype)
     after = average_after(buf.array, buf.dtype, rop, g.size()) if is_root else None
     return g.run_collective(
@@ -259,6 +284,7 @@ def reduce(
             after=after,
             async_op=async_op,
             result=[tensor],
+            fast_key=(obj, (dst, op)) if repeatable else None,
         )
     )
 
@@ -271,11 +297,19 @@ def all_gather_into_tensor(
     algorithm: str | None = None,
 ) -> Work | None:
     """Concatenate every rank's `input_tensor`, in rank order, into `output_tensor`."""
+    repeatable = not async_op and algorithm is None
+    if repeatable:
+        fast = _fast(group)  # see all_reduce
+        if fast is not None and (
+            fast.all_gather(output_tensor, input_tensor)
+            or _with_views(fast.all_gather, group, output_tensor, input_tensor)
+        ):
+            return None
     g = _group(group)
     if not g.is_member:
         return None
-    _, inp = _buffer(g, input_tensor, "all_gather input", False, not async_op)
-    _, out = _buffer(g, output_tensor, "all_gather output", True, not async_op)
+    in_obj, inp = _buffer(g, input_tensor, "all_gather input", False, not async_op)
+    out_obj, out = _buffer(g, output_tensor, "all_gather output", True, not async_op)
     _same_dtype([out], "all_gather output", inp.dtype)
     if out.count != g.size() * inp.count:
         raise UsageError(
@@ -291,6 +325,7 @@ def all_gather_into_tensor(
             algorithm=algorithm,
             async_op=async_op,
             result=[output_tensor],
+            fast_key=((out_obj, in_obj), None) if repeatable else None,
         )
     )
 
@@ -332,11 +367,19 @@ def reduce_scatter_tensor(
     algorithm: str | None = None,
 ) -> Work | None:
     """Reduce `input` (world size blocks) across ranks; rank i gets block i in `output`."""
+    repeatable = not async_op and algorithm is None
+    if repeatable:
+        fast = _fast(group)  # see all_reduce
+        if fast is not None and (
+            fast.reduce_scatter(output, input, op)
+            or _with_views(fast.reduce_scatter, group, output, input, op)
+        ):
+            return None
     g = _group(group)
     if not g.is_member:
         return None
-    _, out = _buffer(g, output, "reduce_scatter output", True, not async_op)
-    _, inp = _buffer(g, input, "reduce_scatter input", False, not async_op)
+    out_obj, out = _buffer(g, output, "reduce_scatter output", True, not async_op)
+    in_obj, inp = _buffer(g, input, "reduce_scatter input", False, not async_op)
     _same_dtype([inp], "reduce_scatter input", out.dtype)
     if inp.count != g.size() * out.count:
         raise UsageError(
@@ -355,6 +398,7 @@ def reduce_scatter_tensor(
             after=average_after(out.array, out.dtype, rop, g.size()),
             async_op=async_op,
             result=[output],
+            fast_key=((out_obj, in_obj), op) if repeatable else None,
         )
     )
 

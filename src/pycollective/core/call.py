@@ -44,7 +44,8 @@ class CollectiveCall(NamedTuple):
     (`after`: copies out, AVG's division), whether it returns a Work (`async_op`, whose
     result is `result`), and `fast_key`: (the caller's buffer, the op or root object as the
     caller passed it) when the group's compiled path may learn to repeat the call (a
-    synchronous call with every argument checked)."""
+    synchronous call with every argument checked); a call of two buffers gives the pair
+    (output, input) for the buffer, reduce the pair (dst, op) for the object."""
 
     arrays: dict[str, np.ndarray]
     collective: str

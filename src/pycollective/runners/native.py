@@ -135,7 +135,7 @@ class NativeArenaRunner(BaseRunner):
     # The group's compiled path of repeated calls (core/group.py `fast`): the collectives it
     # repeats, at most this large (larger calls may share buffers: their Python path maps
     # the peers' ones).
-    FAST = ("all_reduce", "broadcast", "barrier")
+    FAST = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier")
     FAST_BYTES = _coll.SMALL_BYTES
 
     def compiled(self, prep: _Prepared, arrays: dict[str, np.ndarray]) -> Any:

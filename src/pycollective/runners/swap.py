@@ -229,6 +229,15 @@ class SwapFast:
     def barrier(self) -> bool:
         return False
 
+    def reduce(self, obj: Any, dst: Any, op: Any) -> bool:
+        return False
+
+    def all_gather(self, out: Any, inp: Any) -> bool:
+        return False
+
+    def reduce_scatter(self, out: Any, inp: Any, op: Any) -> bool:
+        return False
+
 
 def resume(transport: Any, call: Any, status: _Resume) -> None:
     """Go on with a swap the fast path handed over (the engine is this thread's)."""

@@ -215,9 +215,10 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
 
     # ------------------------------------------------------------------ collectives
 
-    # torch's `dist.all_reduce` and `dist.broadcast` of one tensor without async_op, repeated
-    # on the same tensor (a loss, a flag, a step's metrics), take a short way: the view and
-    # the op found from before, the group's compiled path, and no Work for torch's own
+    # torch's `dist.all_reduce`, `broadcast`, `reduce`, `all_gather_into_tensor` and
+    # `reduce_scatter_tensor` without async_op, repeated on the same tensors (a loss, a flag,
+    # a step's metrics), take a short way: the views and the op found from before, the
+    # group's compiled path (our API only when it declines), and no Work for torch's own
     # functions (_forms.WAITS_ONLY_ON_A_WORK; other callers get the group's reusable
     # DoneWork). Any other form, or what the short way has not seen, goes through the
     # method in full.
@@ -356,8 +357,11 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
             view = self._views.known(tensors[0])
             rop = known_op(opts)
             if view is not None and rop is not None:
+                dst = opts.rootRank  # a group rank, and our world's ranks are the group's
                 try:
-                    _api.reduce(view, op=rop, group=self._pg, group_dst=opts.rootRank)
+                    fast = self._pg.fast
+                    if fast is None or not fast.reduce(view, dst, rop):
+                        _api.reduce(view, dst, rop, self._pg)  # declined: the API's way
                 except BaseException as exc:
                     raise torch_error(exc) from None
                 if _getframe(1).f_code in WAITS_ONLY_ON_A_WORK:
@@ -377,7 +381,8 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
             dst, rop = root_of(root if root is not None else opts), op_of(op)
         staged = Staged()
         t = self._sync_view(staged.out(one(tensors, "reduce"), "reduce tensor"), "reduce tensor")
-        work = _api.reduce(t, op=rop, group=self._pg, async_op=asynchronous(), group_dst=dst)
+        # dst as a global rank (the same number here): what the compiled path learns
+        work = _api.reduce(t, dst, rop, self._pg, async_op=asynchronous())
         return self._work([work], staged.finish(), tensors, timeout_of(opts, timeout))
 
     @torch_call("all_gather", 1)
@@ -407,7 +412,9 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
             out, inp = self._views.known(output), self._views.known(input)
             if out is not None and inp is not None:
                 try:
-                    _api.all_gather_into_tensor(out, inp, self._pg)
+                    fast = self._pg.fast
+                    if fast is None or not fast.all_gather(out, inp):
+                        _api.all_gather_into_tensor(out, inp, self._pg)  # the API's way
                 except BaseException as exc:
                     raise torch_error(exc) from None
                 if _getframe(1).f_code in WAITS_ONLY_ON_A_WORK:
@@ -474,7 +481,9 @@ class PycollectiveProcessGroup(tdist.ProcessGroup):
             rop = known_op(opts)
             if out is not None and inp is not None and rop is not None:
                 try:
-                    _api.reduce_scatter_tensor(out, inp, rop, self._pg)
+                    fast = self._pg.fast
+                    if fast is None or not fast.reduce_scatter(out, inp, rop):
+                        _api.reduce_scatter_tensor(out, inp, rop, self._pg)  # the API's way
                 except BaseException as exc:
                     raise torch_error(exc) from None
                 if _getframe(1).f_code in WAITS_ONLY_ON_A_WORK:
