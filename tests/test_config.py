@@ -24,6 +24,7 @@ BAD = {
     _config.BYTES: ["0", "1MB"],
     _config.MICROSECONDS: ["-1", "fast"],
     _config.SWITCH: ["maybe", "2"],
+    _config.AUTO_SWITCH: ["maybe", "2", "always"],
     _config.TRANSPORTS: ["udp"],
     _config.SERIALIZERS: ["json"],
     _config.CALIBRATE: ["sometimes"],

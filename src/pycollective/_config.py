@@ -102,6 +102,12 @@ MICROSECONDS = _number(float, 0.0, "a finite number of microseconds >= 0")
 SWITCH = _choice(
     "1", "0", aliases={"on": "1", "yes": "1", "true": "1", "off": "0", "no": "0", "false": "0"}
 )
+AUTO_SWITCH = _choice(
+    "auto",
+    "1",
+    "0",
+    aliases={"on": "1", "yes": "1", "true": "1", "off": "0", "no": "0", "false": "0"},
+)
 TRANSPORTS = _choice("auto", "tcp", "shm")
 SERIALIZERS = _choice("auto", "pickle", "safe")
 CALIBRATE = _choice(
@@ -382,6 +388,16 @@ def _vars() -> tuple[Var, ...]:
             None,
             "How long an arena wait polls with sched_yield before sleeping (default 1000 us, "
             "300 us with more ranks than cores).",
+        ),
+        Var(
+            "PYCOLLECTIVE_TCP_RECV_HELPER",
+            AUTO_SWITCH,
+            "0",
+            "Whether a TCP exchange's large payloads (4 MiB and up) are read by a second "
+            "thread while the first reduces: auto while the machine has more than twice as "
+            "many runnable tasks as CPUs (/proc/loadavg; a rank short of a core then gets it "
+            "back sooner), 1 always, 0 never (the default: where ranks have their cores the "
+            "hand-offs cost more than they win; under stress-ng they won 1.2-2x at 64 MiB).",
         ),
         Var(
             "PYCOLLECTIVE_LOAD_AWARE",

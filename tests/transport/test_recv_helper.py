@@ -7,6 +7,7 @@ process over loopback."""
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -15,13 +16,16 @@ import numpy as np
 import pytest
 from tests.transport.test_conformance import _both, _data
 
-from pycollective import CollectiveTimeout, TransportError
+from pycollective import CollectiveTimeout, TransportError, _config
+from pycollective._load import MachineLoad
 from pycollective.transport._base import InMessage, OutMessage
 from pycollective.transport.tcp import receiving
 
 
-def _started(t) -> list[int]:
-    """Count the payloads handed to `t`'s receive helper."""
+def _started(t, mode: str = "1") -> list[int]:
+    """Count the payloads handed to `t`'s receive helper, which `mode` switches as
+    PYCOLLECTIVE_TCP_RECV_HELPER does (1: whatever the machine's load)."""
+    t._reader_mode = mode
     calls: list[int] = []
     start = t._reader.start
 
@@ -86,6 +90,43 @@ def test_small_payloads_stay_on_the_exchange_thread(pair) -> None:
     )  # fmt: skip
     assert errs == [None, None] and b"".join(pieces) == payload.tobytes()
     assert not used
+
+
+def _one_way(t0, t1, n: int) -> None:
+    """`n` bytes from t1 to t0's sink, checked whole."""
+    m, pieces = _sink(n)
+    payload = np.arange(n, dtype=np.uint8)
+    errs = _both(
+        lambda: t0.exchange([], [m], time.monotonic() + 20, 77),
+        lambda: t1.exchange([OutMessage(0, _data(1, 0, n), memoryview(payload))], [],
+                            time.monotonic() + 20, 77),
+    )  # fmt: skip
+    assert errs == [None, None] and b"".join(pieces) == payload.tobytes()
+
+
+@pytest.mark.timeout(60)
+def test_the_helper_follows_the_machines_load_or_the_switch(pair, tmp_path) -> None:
+    t0, t1 = pair
+    n = receiving.RECV_HELPER_BYTES * 2
+    loadavg = tmp_path / "loadavg"
+    t0._reader_load = MachineLoad(cpus=2, path=str(loadavg))
+    for mode, runnable, wanted in (("0", 9, False), ("auto", 2, False), ("auto", 3, True),
+                                   ("1", 1, True)):  # fmt: skip
+        loadavg.write_text(f"0.5 0.5 0.5 {runnable}/300 1234\n")
+        t0._reader_load._next = 0.0  # read the file again now
+        used = _started(t0, mode)
+        _one_way(t0, t1, n)
+        assert bool(used) is wanted, (mode, runnable)
+        _let_go(t0)
+
+
+def test_the_switch_is_checked() -> None:
+    with pytest.raises(ValueError, match=re.escape("auto | 1 | 0")) as err:
+        _config.get("PYCOLLECTIVE_TCP_RECV_HELPER", {"PYCOLLECTIVE_TCP_RECV_HELPER": "maybe"})
+    assert "PYCOLLECTIVE_TCP_RECV_HELPER" in str(err.value) and "'maybe'" in str(err.value)
+    assert _config.get("PYCOLLECTIVE_TCP_RECV_HELPER", {}) == "0"
+    on = {"PYCOLLECTIVE_TCP_RECV_HELPER": "on"}
+    assert _config.get("PYCOLLECTIVE_TCP_RECV_HELPER", on) == "1"
 
 
 @pytest.mark.timeout(60)

@@ -94,7 +94,8 @@ class Receiving(TransportState):
 
     def _hand_read(self, conn: _Conn) -> bool:
         """Give the rest of `conn`'s payload for a posted receive to the receive helper if
-        it is large and the helper is free (the read buffer empty, a sink's at a piece
+        it is large, the helper is wanted (PYCOLLECTIVE_TCP_RECV_HELPER: by default while
+        the machine is busy) and free (the read buffer empty, a sink's at a piece
         boundary: the helper reads exactly the payload's bytes, so the stream stays in
         step): a sink's pieces through its windows, a plain payload into its
         destination."""
@@ -106,6 +107,7 @@ class Receiving(TransportState):
             or self._reader_conn is not None
             or conn.tls
             or not self._sel.unwatches_reads
+            or not self._reader_wanted()
         ):
             return False
         if target.sink is not None:

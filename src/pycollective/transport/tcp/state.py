@@ -6,11 +6,13 @@ mixins over it; transport.py puts them together as `TCPTransport`, the one entry
 from __future__ import annotations
 
 import socket
+import time
 from collections import deque
 from collections.abc import Callable
 
 from ... import _config
 from ..._errors import CollectiveError, TransportError, UsageError
+from ..._load import MachineLoad, online_cpus
 from .._base import ANY_SOURCE, InMessage, Transport
 from .._calls import CallTracker
 from .._wire import Header
@@ -75,9 +77,23 @@ class TransportState(Transport):
         # (receiver.py), the connection it reads, the bytes of that payload not yet taken,
         # and the sink they go to (None: read into the destination in place).
         self._reader = RecvHelper(self._wake_w)
+        # When to hand payloads to it: never (the default), while the machine is crowded
+        # (auto) or always. The helper exists for a rank short of a core; where ranks
+        # have their cores the hand-offs slowed 16-64 MiB across hosts by 1.1-1.5x, even
+        # gated on the load (docs/tcp.md, "Under load"). Crowded is more than twice as
+        # many runnable tasks as CPUs: the count includes the ranks' own helper threads,
+        # so "more than the CPUs" would turn the helper on by its own threads.
+        self._reader_mode = _config.get("PYCOLLECTIVE_TCP_RECV_HELPER")
+        self._reader_load = MachineLoad(2 * online_cpus())
         self._reader_conn: _Conn | None = None
         self._reader_left = 0
         self._reader_sink: Callable[[memoryview], None] | None = None
+
+    def _reader_wanted(self) -> bool:
+        """Whether a large payload goes to the receive helper now."""
+        if self._reader_mode == "auto":
+            return self._reader_load.check(time.monotonic())
+        return self._reader_mode == "1"
 
     def lost_peers(self) -> dict[int, str]:
         return {p: c.lost for p, c in self._conns.items() if c.lost is not None}
