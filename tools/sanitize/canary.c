@@ -23,20 +23,29 @@ int canary_shift(int x)
     return 1 << y;
 }
 
-/* TSan: two threads write one int with nothing ordering them. */
+/* TSan: two threads write one int with nothing ordering them. Each stays alive until
+ * the other has written (a thread that ended before the other started could have its
+ * slot reused by the runtime and the race go unseen: it did, once in CI). The hand-shake
+ * is by relaxed atomics, which order nothing for TSan, so the writes stay unordered. */
+#include <stdatomic.h>
+
 static int shared_counter;
+static atomic_int written;
 
 static void *bump_counter(void *arg)
 {
     (void)arg;
-    for (int i = 0; i < 1000; i++)
-        shared_counter++;
+    shared_counter++;
+    atomic_fetch_add_explicit(&written, 1, memory_order_relaxed);
+    while (atomic_load_explicit(&written, memory_order_relaxed) < 2)
+        ;
     return NULL;
 }
 
 int canary_race(void)
 {
     pthread_t a, b;
+    atomic_store_explicit(&written, 0, memory_order_relaxed);
     pthread_create(&a, NULL, bump_counter, NULL);
     pthread_create(&b, NULL, bump_counter, NULL);
     pthread_join(a, NULL);
