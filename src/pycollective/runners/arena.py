@@ -409,8 +409,16 @@ def _int64_at(record: np.ndarray, at: int) -> int:
 def _probe_peers(recs: np.ndarray, me: int) -> bool:
     """Whether every rank offered single copy and this one can reach every peer's memory
     (its nonce read back from its pid at its address: the peer that sent them, reachable
-    under the system's rules). Peers' records are data: probe_peer bounds pid and address."""
+    under the system's rules). Peers' records are data: probe_peer bounds pid and address.
+
+    Every pid must be distinct and no peer's this rank's own: a peer replaying this rank's
+    own record (or another member's) would pass the probe, since this rank may always read
+    itself, and then steer our reads and writes into our own memory (or that member's)
+    at addresses its words name, past Yama's rule that siblings may not touch each other."""
     if not all(recs[q, _SC_OFFER] == 1 for q in range(len(recs))):
+        return False
+    pids = [_int64_at(recs[q], _SC_PID) for q in range(len(recs))]
+    if pids[me] != os.getpid() or len(set(pids)) != len(pids):
         return False
     return all(
         _shm_native.probe_peer(
