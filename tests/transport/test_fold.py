@@ -179,7 +179,7 @@ def test_peer_lost_mid_payload_raises_naming_it(pair) -> None:
         t0.exchange([], [m], time.monotonic() + 20, 77)
     w.join(10)
     assert info.value.peer == 1
-    assert "closed by peer" in str(info.value)
+    assert "closed by peer" in str(info.value) or "connection error" in str(info.value)
     assert time.monotonic() - start < 10
     assert dst[: n // 16 - 1].min() == 1.0  # what came was combined, in place
 
