@@ -19,8 +19,9 @@ ranks, a barrier before each call:
   gloo      torch.distributed's gloo (its flat ring over TCP, loopback inside a host);
   auto_py, ring_py
             auto and ring with TCP reductions in Python (the window and numpy, the
-            reference; PYCOLLECTIVE_TCP_NATIVE=0's path) instead of the compiled
-            read-and-reduce (csrc/sockio.c), to compare the two call by call.
+            reference and the default) where auto and ring use the compiled
+            read-and-reduce (csrc/sockio.c): run with PYCOLLECTIVE_TCP_NATIVE=1 to
+            compare the two call by call (without it both are the Python path).
 
 Per call and rank: wall time, the process's CPU time (all its threads), the time it was
 blocked waiting for peers (select() and the arena's waits, as the timeline measures it:

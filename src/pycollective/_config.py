@@ -392,11 +392,12 @@ def _vars() -> tuple[Var, ...]:
         Var(
             "PYCOLLECTIVE_TCP_NATIVE",
             SWITCH,
-            "1",
+            "0",
             "1: a TCP reduction's payload is read and combined into the destination by the "
-            "compiled core as it arrives (GIL released, a cache-sized piece at a time); 0: "
-            "in Python, through a 1 MiB window and numpy (the reference). TLS connections "
-            "and a missing or disabled extension (PYCOLLECTIVE_NATIVE=0) always use Python.",
+            "compiled core as it arrives (GIL released, a cache-sized piece at a time); 0 "
+            "(the default: it measured no faster, docs/tcp.md): in Python, through a 1 MiB "
+            "window and numpy (the reference). TLS connections and a missing or disabled "
+            "extension (PYCOLLECTIVE_NATIVE=0) always use Python.",
         ),
         Var(
             "PYCOLLECTIVE_TCP_RECV_HELPER",

@@ -22,7 +22,7 @@ from pycollective._reduce_ops import ReduceOp, check_op_dtype, fold_codes, kerne
 from pycollective.transport._base import InMessage, OutMessage
 from pycollective.transport.tcp import folding
 
-recv_reduce = folding.native_fold()  # None would fail the tests: `make setup` builds it
+recv_reduce = folding.compiled()  # None would fail the tests: `make setup` builds it
 
 
 def _cases() -> list[tuple[str, ReduceOp]]:
@@ -83,7 +83,7 @@ def _receive(t0, t1, dst: np.ndarray, src: np.ndarray, fold, k) -> int:
 @pytest.mark.timeout(120)
 def test_every_dtype_and_op_gives_the_python_paths_bits(pair) -> None:
     t0, t1 = pair
-    assert recv_reduce is not None and t0._fold is recv_reduce  # on by default
+    assert recv_reduce is not None
     n_bytes = (3 << 20) + 24  # a short last piece; several reads
     compared = 0
     for name, op in _cases():
@@ -156,6 +156,7 @@ def test_items_split_between_reads_are_carried_whole(itemsize_name: str) -> None
 @pytest.mark.timeout(60)
 def test_peer_lost_mid_payload_raises_naming_it(pair) -> None:
     t0, t1 = pair
+    t0._fold = recv_reduce  # PYCOLLECTIVE_TCP_NATIVE=1's path
     n = 64 << 20
     dst = np.zeros(n // 4, np.float32)
     raw = memoryview(dst.view(np.uint8))
@@ -187,6 +188,7 @@ def test_peer_lost_mid_payload_raises_naming_it(pair) -> None:
 @pytest.mark.timeout(60)
 def test_a_peer_stalled_mid_payload_times_out_within_bounds(pair) -> None:
     t0, t1 = pair
+    t0._fold = recv_reduce
     n, sent = 16 << 20, (5 << 20) + 1001  # stalls inside an item
     dst = np.zeros(n // 4, np.float32)
     m = InMessage(1, _data(1, 0, n), memoryview(dst.view(np.uint8)), sink=lambda p: None,
@@ -213,10 +215,12 @@ def test_a_peer_stalled_mid_payload_times_out_within_bounds(pair) -> None:
     assert "abandoned mid-message" in (t0._conns[1].lost or "")
 
 
-def test_the_switches_turn_it_off(monkeypatch) -> None:
-    monkeypatch.setenv("PYCOLLECTIVE_TCP_NATIVE", "0")
-    assert folding.native_fold() is None
+def test_the_switches_turn_it_on_and_off(monkeypatch) -> None:
+    monkeypatch.delenv("PYCOLLECTIVE_TCP_NATIVE", raising=False)
+    monkeypatch.delenv("PYCOLLECTIVE_NATIVE", raising=False)
+    assert folding.native_fold() is None  # off by default
     monkeypatch.setenv("PYCOLLECTIVE_TCP_NATIVE", "1")
+    assert folding.native_fold() is recv_reduce is not None
     monkeypatch.setenv("PYCOLLECTIVE_NATIVE", "0")
     assert folding.native_fold() is None
     monkeypatch.delenv("PYCOLLECTIVE_NATIVE")

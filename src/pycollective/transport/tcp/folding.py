@@ -1,8 +1,8 @@
 """The compiled reduction of a TCP payload as it arrives: pycollective._native's
 recv_reduce, if the extension is there, agrees with this package's codes and is wanted
-(PYCOLLECTIVE_NATIVE and PYCOLLECTIVE_TCP_NATIVE). receiving.py calls it for a sink whose
-receive says what its reduction is (InMessage.fold); otherwise, and under TLS, the
-payload goes through the window to the sink in Python (the reference)."""
+(PYCOLLECTIVE_TCP_NATIVE=1, off by default; PYCOLLECTIVE_NATIVE). receiving.py calls it
+for a sink whose receive says what its reduction is (InMessage.fold); otherwise, and
+under TLS, the payload goes through the window to the sink in Python (the reference)."""
 
 from __future__ import annotations
 
@@ -39,10 +39,16 @@ def _agrees(native: object) -> bool:
     )
 
 
-def native_fold() -> RecvReduce | None:
-    """recv_reduce if the compiled path is usable and wanted, else None."""
+def compiled() -> RecvReduce | None:
+    """The extension's recv_reduce if it is there and agrees with us, wanted or not."""
     if _native is None or not _agrees(_native):
         return None
+    return _native.recv_reduce
+
+
+def native_fold() -> RecvReduce | None:
+    """recv_reduce if the compiled path is usable and wanted (PYCOLLECTIVE_TCP_NATIVE=1;
+    off by default: it measured no faster than numpy's, docs/tcp.md), else None."""
     if _config.get("PYCOLLECTIVE_NATIVE") != "1" or _config.get("PYCOLLECTIVE_TCP_NATIVE") != "1":
         return None
-    return _native.recv_reduce
+    return compiled()
