@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from tests._launch import REPO, assert_all_ok, run_ranks, steps_of
 from tests.transport.test_conformance import _both, _data
 
 from pycollective import CollectiveTimeout, TransportError
@@ -228,3 +229,20 @@ def test_the_switches_turn_it_on_and_off(monkeypatch) -> None:
     monkeypatch.setenv("PYCOLLECTIVE_TCP_NATIVE", "maybe")
     with pytest.raises(UsageError, match="PYCOLLECTIVE_TCP_NATIVE"):
         folding.native_fold()
+
+
+@pytest.mark.timeout(200)
+def test_a_tcp_job_with_it_on_gives_every_algorithms_results() -> None:
+    """Three processes over TCP with PYCOLLECTIVE_TCP_NATIVE=1: every all_reduce
+    algorithm, four dtypes, SUM, MAX and AVG of 3 MiB, against the fused reduction."""
+    results = run_ranks(
+        REPO / "tests" / "transport" / "_fold_worker.py",
+        3,
+        timeout=180,
+        env={"PYCOLLECTIVE_TRANSPORT": "tcp", "PYCOLLECTIVE_TCP_NATIVE": "1"},
+    )
+    assert_all_ok(results)
+    for r in results:
+        step = steps_of(r)["fold"]
+        assert step["bad"] == [], step["bad"]
+        assert step["read"] > 10 * step["window"], "the compiled path read little or nothing"
