@@ -16,7 +16,12 @@ ranks, a barrier before each call:
   ring      the flat ring over TCP across every rank;
   recursive_doubling, halving_doubling
             those flat algorithms forced, the same way;
-  gloo      torch.distributed's gloo (its flat ring over TCP, loopback inside a host).
+  gloo      torch.distributed's gloo (its flat ring over TCP, loopback inside a host);
+  auto_py, ring_py
+            auto and ring with TCP reductions in Python (the window and numpy, the
+            reference and the default) where auto and ring use the compiled
+            read-and-reduce (csrc/sockio.c): run with PYCOLLECTIVE_TCP_NATIVE=1 to
+            compare the two call by call (without it both are the Python path).
 
 Per call and rank: wall time, the process's CPU time (all its threads), the time it was
 blocked waiting for peers (select() and the arena's waits, as the timeline measures it:
@@ -49,7 +54,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-MODES = ("auto", "leaders", "ring", "recursive_doubling", "halving_doubling", "gloo")
+MODES = (
+    "auto", "leaders", "ring", "recursive_doubling", "halving_doubling", "gloo", "auto_py",
+    "ring_py",
+)  # fmt: skip
 KEYS = ("wall", "cpu", "blocked", "csw", "machine_busy", "machine_softirq", "queued")
 
 
@@ -69,6 +77,7 @@ def _rank(cfg: dict) -> None:
 
     import pycollective as dist
     from pycollective.observe.timeline import WAIT
+    from pycollective.runners import executor
     from pycollective.runners import hierarchical as hier
 
     WAIT.on = True  # waits add their blocked seconds to WAIT.total
@@ -129,6 +138,10 @@ def _rank(cfg: dict) -> None:
     hier.Hierarchy._intra = lambda self, c, *a, **k: timed(c, intra, self, c, *a, **k)
     hier.Hierarchy._cross = lambda self, *a, **k: timed("cross", cross, self, *a, **k)
     hier.Hierarchy.run = run_
+    fold_codes, python_only = executor.fold_codes, [False]
+    # the *_py modes: no receive says what its reduction is, so the transport reduces
+    # through the sink in Python
+    executor.fold_codes = lambda op, dtype: None if python_only[0] else fold_codes(op, dtype)
 
     dist.init_process_group()
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -150,13 +163,15 @@ def _rank(cfg: dict) -> None:
         for _ in range(cfg["reps"]):
             for mode in cfg["modes"]:
                 leaders[0] = mode == "leaders"
+                python_only[0] = mode.endswith("_py")
                 phases.clear()
                 dist.barrier()
                 s0 = sample()
                 if mode == "gloo":
                     td.all_reduce(t)
                 else:
-                    dist.all_reduce(x, algorithm=None if mode in ("auto", "leaders") else mode)
+                    algo = mode.removesuffix("_py")
+                    dist.all_reduce(x, algorithm=None if algo in ("auto", "leaders") else algo)
                 s1 = sample()
                 for key, v0, v1 in zip(KEYS, s0, s1, strict=True):
                     rows[mode].setdefault(key, []).append(v1 - v0)

@@ -14,6 +14,7 @@
 #include "dispatch.h"
 #include "peermem.h"
 #include "plan.h"
+#include "sockio.h"
 
 int pyc_get_buffer(PyObject *obj, Py_buffer *view, int writable, const char *what)
 {
@@ -33,6 +34,8 @@ static PyMethodDef module_methods[] = {
     {"use_kernels", pyc_mod_use_kernels, METH_O, "use_kernels(name) -> previous set's name"},
     {"peer_read", (PyCFunction)(void (*)(void))pyc_mod_peer_read, METH_FASTCALL,
      "peer_read(pid, address, nbytes) -> bytes read from another process (at most 4096)"},
+    {"recv_reduce", (PyCFunction)(void (*)(void))pyc_mod_recv_reduce, METH_FASTCALL,
+     "recv_reduce(fd, dst, scratch, have, op, dtype, budget) -> (read, reduced, have, status)"},
     {NULL, NULL, 0, NULL},
 };
 

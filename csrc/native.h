@@ -16,6 +16,7 @@
  *   callstate.c   GroupState, EngineState: the state calls' paths share with Python
  *   callpath.c    CallPath: the per-call path of repeated calls (ProcessGroup.fast)
  *   dispatch.c    the kernel set for this CPU, and reduce()
+ *   sockio.c      a TCP payload read and reduced as it arrives (the cross-host path)
  *   module.c      the module: its types, functions and constants
  *   kernels*.c    the fused reductions, once per instruction set
  */

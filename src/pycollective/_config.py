@@ -390,6 +390,16 @@ def _vars() -> tuple[Var, ...]:
             "300 us with more ranks than cores).",
         ),
         Var(
+            "PYCOLLECTIVE_TCP_NATIVE",
+            SWITCH,
+            "0",
+            "1: a TCP reduction's payload is read and combined into the destination by the "
+            "compiled core as it arrives (GIL released, a cache-sized piece at a time); 0 "
+            "(the default: it measured no faster, docs/tcp.md): in Python, through a 1 MiB "
+            "window and numpy (the reference). TLS connections and a missing or disabled "
+            "extension (PYCOLLECTIVE_NATIVE=0) always use Python.",
+        ),
+        Var(
             "PYCOLLECTIVE_TCP_RECV_HELPER",
             AUTO_SWITCH,
             "0",
@@ -426,9 +436,9 @@ def _vars() -> tuple[Var, ...]:
             "PYCOLLECTIVE_NATIVE",
             SWITCH,
             "1",
-            "0: the shared-memory arena runs in Python (the reference) instead of the "
-            "compiled pycollective._native; at build time (pip install, setup.py), the "
-            "extension is not built.",
+            "0: the shared-memory arena and TCP reductions run in Python (the reference) "
+            "instead of the compiled pycollective._native; at build time (pip install, "
+            "setup.py), the extension is not built.",
         ),
         Var(
             "PYCOLLECTIVE_NUM_SERVERS",

@@ -123,6 +123,17 @@ def kernel(op: ReduceOp, dtype: DType) -> Kernel:
     return ufunc_kernel
 
 
+def fold_codes(op: int, dtype: DType) -> tuple[int, int] | None:
+    """What kernel(op, dtype) computes, as pycollective._native's kernel codes (op, dtype),
+    for a compiled path that combines dst = dst op src itself; None where its bits might
+    differ from numpy's (a complex product: numpy's formula is its own)."""
+    if op == ReduceOp.AVG:
+        op = ReduceOp.SUM  # summed on the wire, divided once at the end (as kernel())
+    if dtype.kind == "c" and op == ReduceOp.PRODUCT:
+        return None
+    return int(op), dtype.code
+
+
 def finish_average(data: np.ndarray, dtype: DType, divisor: int) -> None:
     """Turn a SUM into AVG in place: true division for floats, truncation for integers."""
     if divisor <= 1 or data.size == 0:

@@ -52,6 +52,10 @@ BOTH = (
     f"{ARENA}[4-mixed]",
     # single copy: the reference's bits, and a peer's unreachable buffer failing the call
     "tests/native/test_single_copy.py",
+    # a TCP reduction read and combined by the compiled core (recv_reduce, GIL released)
+    # beside the exchange threads of two transports; its bounds against a peer
+    "tests/transport/test_fold.py",
+    "tests/security/test_fold_attacks.py",
     f"{SHM}test_battery_with_transport_forced[shm-3]",
     # the compiled per-call path: the Python reference's bits, the flight recorder's
     # entries filled in C, a mismatch, a killed peer, a timeout, async calls beside

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._dtypes import DType
-from .._reduce_ops import Kernel
+from .._reduce_ops import Kernel, fold_codes
 from ..schedule._steps import Chunk, Copy, Recv, Schedule, Send
 from ..transport._base import InMessage, OutMessage, Transport
 from ..transport._wire import Header
@@ -215,6 +215,8 @@ def run_schedule(
     raw = {name: arr.view(np.uint8) for name, arr in bufs.items()}
     group = header.group
     with_tag = header.with_tag
+    # what the kernel does, for a transport that can combine a payload as it reads it
+    fold = fold_codes(header.op, dtype) if kernel is not None and sinks else None
 
     for rnd in plan.rounds:
         for src, dst in rnd.copies:
@@ -230,7 +232,11 @@ def run_schedule(
             if r.reduce and r.overlap_ok and sinks:  # (a reduction has a kernel)
                 red = _Reduction(bufs[r.buf][r.lo : r.hi], temp[:0], kernel, itemsize, True)
                 dest = memoryview(raw[r.buf][r.lo * itemsize : r.hi * itemsize])  # type: ignore[arg-type]  # (*)
-                recvs.append(InMessage(ranks[r.peer], expect, dest, sink=red.sink, align=itemsize))
+                recvs.append(
+                    InMessage(
+                        ranks[r.peer], expect, dest, sink=red.sink, align=itemsize, fold=fold
+                    )
+                )
             elif r.via_temp:
                 tmp = temp[r.temp_lo : r.temp_lo + r.hi - r.lo]
                 red = _Reduction(

@@ -40,6 +40,11 @@ class InMessage:
     it is handed to `sink` in order, in pieces of whole multiples of `align` bytes, each
     valid only during the call. A reduction reads them from a small buffer that stays in
     cache instead of a temporary as large as the message.
+
+    With `sink`, `fold` may say what the sink does in terms of pycollective._native's
+    kernels, (op code, dtype code): dest = dest op payload, item by item, in order. A
+    transport may then combine the payload into `dest` itself instead of calling `sink`
+    (for the part of the payload it has not handed to `sink` already).
     """
 
     peer: int
@@ -48,6 +53,7 @@ class InMessage:
     on_data: Callable[[int], None] | None = None
     sink: Callable[[memoryview], None] | None = None
     align: int = 1
+    fold: tuple[int, int] | None = None
     done: bool = False
     source: int = -1  # the rank the message came from (useful with ANY_SOURCE)
     header: Header | None = field(default=None, repr=False)  # what actually arrived

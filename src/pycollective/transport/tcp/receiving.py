@@ -6,12 +6,14 @@ a header or a whole payload means is matching.py's."""
 
 from __future__ import annotations
 
+import os
 import ssl
 
 from .. import _wire
 from .._base import InMessage
 from .conn import RBUF_BYTES as _RBUF_BYTES
 from .conn import Conn as _Conn
+from .folding import FOLD_BUDGET_BYTES, FOLD_PIECE_BYTES
 from .state import TransportState
 
 _DIRECT_BYTES = 16 * 1024  # payload left beyond this skips the buffer
@@ -61,6 +63,12 @@ class Receiving(TransportState):
                     if conn.lost is not None:
                         return
                     continue
+                if self._fold is not None and conn.target is not None and not conn.tls:
+                    fold = conn.target.fold
+                    if fold is not None:  # a reduction the compiled core reads and combines
+                        if drained or not self._recv_fold(conn, fold):
+                            return
+                        continue
                 left = view.nbytes - got
                 if left >= _DIRECT_BYTES:
                     if drained:
@@ -91,6 +99,47 @@ class Receiving(TransportState):
             conn.rend += n
             # Under TLS a short read is one record: more may be decrypted and waiting.
             drained = n < space and not (conn.tls and conn.sock.pending())
+
+    def _recv_fold(self, conn: _Conn, fold: tuple[int, int]) -> bool:
+        """Read the rest of `conn`'s sink payload with the compiled recv_reduce, which
+        combines it into the receive's destination as it lands (the window's first
+        conn.got bytes, read already, go first). True once the payload is in; False when
+        the socket has nothing more for now, the budget is spent (the sends get their
+        turn; the poller says readable again) or the connection is lost. The sink has
+        been given every byte before the window's; from here on it is not called."""
+        target, window, view = conn.target, conn.window, conn.view
+        assert target is not None and window is not None and view is not None  # noqa: S101
+        dest = target.dest
+        if dest.format != "B" or dest.ndim != 1:
+            dest = dest.cast("B")
+        have = conn.got
+        rest = view.nbytes - have + conn.left  # payload bytes not read yet
+        start = dest.nbytes - rest - have  # where window[0] goes
+        scratch = window if have > FOLD_PIECE_BYTES else window[:FOLD_PIECE_BYTES]
+        op, dtype = fold
+        n, _, have, status = self._fold(  # type: ignore[misc]  # checked by the caller
+            conn.sock.fileno(), dest[start:], scratch, have, op, dtype, FOLD_BUDGET_BYTES
+        )
+        rest -= n
+        if rest:  # the window holds `have` bytes of a split item; keep the counts whole
+            piece = min(len(window), have + rest)
+            conn.view = window[:piece]
+            conn.left = have + rest - piece
+            conn.got = have
+        if status:
+            reason = os.strerror(status) if status > 0 else ""
+            self._lose(
+                conn,
+                f"connection error: {reason}"
+                if reason
+                else "connection closed by peer (process exited or crashed?)",
+            )
+            return False
+        if rest:
+            return False
+        conn.got = 0
+        self._on_payload(conn)
+        return conn.lost is None
 
     def _hand_read(self, conn: _Conn) -> bool:
         """Give the rest of `conn`'s payload for a posted receive to the receive helper if

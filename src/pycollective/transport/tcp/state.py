@@ -18,6 +18,7 @@ from .._calls import CallTracker
 from .._wire import Header
 from .conn import Conn as _Conn
 from .conn import Poller as _Poller
+from .folding import native_fold
 from .receiver import RecvHelper
 from .sender import SendHelper
 from .stash import Stash, StashPool
@@ -88,6 +89,9 @@ class TransportState(Transport):
         self._reader_conn: _Conn | None = None
         self._reader_left = 0
         self._reader_sink: Callable[[memoryview], None] | None = None
+        # The compiled read-and-reduce of a reduction's payload (folding.py), or None:
+        # the window and the sink in Python.
+        self._fold = native_fold()
 
     def _reader_wanted(self) -> bool:
         """Whether a large payload goes to the receive helper now."""

@@ -1,0 +1,54 @@
+"""The compiled reduction of a TCP payload as it arrives: pycollective._native's
+recv_reduce, if the extension is there, agrees with this package's codes and is wanted
+(PYCOLLECTIVE_TCP_NATIVE=1, off by default; PYCOLLECTIVE_NATIVE). receiving.py calls it
+for a sink whose receive says what its reduction is (InMessage.fold); otherwise, and
+under TLS, the payload goes through the window to the sink in Python (the reference)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ... import _config
+from ..._dtypes import BY_CODE
+from ..._reduce_ops import ReduceOp
+
+try:
+    from ... import _native
+except ImportError:  # not built: Python reduces
+    _native = None  # type: ignore[assignment]
+
+# Read through this much of the window at a time: a read's bytes are combined into the
+# destination while they are still in L2 (and the window's lines stay there).
+FOLD_PIECE_BYTES = 256 << 10
+# Bytes read a call at most, so the exchange's sends get their turn in between.
+FOLD_BUDGET_BYTES = 1 << 20
+
+RecvReduce = Callable[[int, memoryview, memoryview, int, int, int, int], tuple[int, int, int, int]]
+
+
+def _agrees(native: object) -> bool:
+    """Whether the extension has recv_reduce and numbers ops and dtypes as we do (an old
+    or foreign build would combine with the wrong kernel)."""
+    ops = getattr(native, "OP_CODE", None)
+    sizes = getattr(native, "ITEMSIZE", None)
+    return (
+        hasattr(native, "recv_reduce")
+        and ops == {op.name: op.value for op in ReduceOp}
+        and isinstance(sizes, dict)
+        and all(sizes.get(code) == d.itemsize for code, d in BY_CODE.items() if code in sizes)
+    )
+
+
+def compiled() -> RecvReduce | None:
+    """The extension's recv_reduce if it is there and agrees with us, wanted or not."""
+    if _native is None or not _agrees(_native):
+        return None
+    return _native.recv_reduce
+
+
+def native_fold() -> RecvReduce | None:
+    """recv_reduce if the compiled path is usable and wanted (PYCOLLECTIVE_TCP_NATIVE=1;
+    off by default: it measured no faster than numpy's, docs/tcp.md), else None."""
+    if _config.get("PYCOLLECTIVE_NATIVE") != "1" or _config.get("PYCOLLECTIVE_TCP_NATIVE") != "1":
+        return None
+    return compiled()
