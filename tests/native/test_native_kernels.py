@@ -131,6 +131,11 @@ def test_every_op_matches_the_reference(kernels, dtype) -> None:
                     _same_bits(
                         alias[-1], want, f"in place {op.name} {dtype.name} n={n} m={m}", bf16
                     )
+                    alias = [s.copy() for s in srcs]
+                    _native.reduce(int(op), dtype.code, alias[0], alias, divisor)
+                    _same_bits(
+                        alias[0], want, f"into the first {op.name} {dtype.name} n={n} m={m}", bf16
+                    )
 
 
 def test_undefined_ops_are_refused() -> None:
