@@ -381,7 +381,8 @@ static PyObject *CallPath_add(CallPathObject *f, PyObject *const *args, Py_ssize
  * the small calls goes by the Python path, which tells the peers it is shared (they then
  * reduce straight from it) instead of the single copy this path announces. It follows
  * `base` (ndarrays) and memoryviews' exporters, a few levels at most: a deeper chain
- * counts as mapped (the Python path decides). -1 with an exception set. */
+ * counts as mapped (the Python path decides). -1 with an exception set (the caller
+ * declines the call then too). */
 static int maybe_mapped(PyObject *obj)
 {
     PyObject *o = Py_NewRef(obj);
@@ -476,7 +477,7 @@ static PyObject *callpath_run(CallPathObject *f, int coll, PyObject *obj, PyObje
     if (g->large) {
         int mapped = maybe_mapped(obj);
         if (mapped < 0)
-            return NULL;
+            PyErr_Clear(); /* a `base` that raises: the Python path sees to it */
         if (mapped)
             Py_RETURN_FALSE;
     }
