@@ -77,6 +77,7 @@ typedef struct {
     PyObject *prepared; /* handed back to `finish` */
     PyObject *fields[E_NSTATIC];
     int writes;         /* whether the data/output buffer is written */
+    int large;          /* above the arena's small calls: its buffer may be shared memory */
 } call_sig;
 
 typedef struct {
@@ -96,7 +97,8 @@ typedef struct {
     int count[PATH_ROWS];
 } CallPathObject;
 
-static PyObject *s_next, *s_ring, *s_capacity, *s_acquire, *s_release;
+static PyObject *s_next, *s_ring, *s_capacity, *s_acquire, *s_release, *s_base;
+static PyObject *mmap_type; /* mmap.mmap */
 
 static void sig_clear(call_sig *g)
 {
@@ -346,6 +348,7 @@ static PyObject *CallPath_add(CallPathObject *f, PyObject *const *args, Py_ssize
         const int r = f->arena->rank;
         g.writes = !((coll == C_REDUCE && plan->root != r) ||
                      (coll == C_BROADCAST && plan->root == r));
+        g.large = block > f->arena->small_bytes;
     }
     g.key[0] = keys[0];
     g.key[1] = keys[1];
@@ -371,6 +374,42 @@ static PyObject *CallPath_add(CallPathObject *f, PyObject *const *args, Py_ssize
         g.fields[j] = f->capacity ? Py_XNewRef(slot_get(entry, f->off[E_STATIC + j])) : NULL;
     list[i] = g;
     Py_RETURN_TRUE;
+}
+
+/* Whether `obj` may lie in memory mapped from a file, as pycollective.empty's arrays do
+ * (shm/shared.py: an ndarray over a memoryview of an mmap): a call on such a buffer above
+ * the small calls goes by the Python path, which tells the peers it is shared (they then
+ * reduce straight from it) instead of the single copy this path announces. It follows
+ * `base` (ndarrays) and memoryviews' exporters, a few levels at most: a deeper chain
+ * counts as mapped (the Python path decides). -1 with an exception set (the caller
+ * declines the call then too). */
+static int maybe_mapped(PyObject *obj)
+{
+    PyObject *o = Py_NewRef(obj);
+    for (int depth = 0; depth < 8; depth++) {
+        if (PyObject_TypeCheck(o, (PyTypeObject *)mmap_type)) {
+            Py_DECREF(o);
+            return 1;
+        }
+        PyObject *next;
+        if (PyMemoryView_Check(o)) {
+            next = Py_XNewRef(PyMemoryView_GET_BUFFER(o)->obj);
+        } else if (!(next = PyObject_GetAttr(o, s_base))) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                Py_DECREF(o);
+                return -1;
+            }
+            PyErr_Clear();
+        }
+        Py_DECREF(o);
+        if (!next || next == Py_None) {
+            Py_XDECREF(next);
+            return 0;
+        }
+        o = next;
+    }
+    Py_DECREF(o);
+    return 1;
 }
 
 static inline void unlock(CallPathObject *f)
@@ -435,6 +474,13 @@ static PyObject *callpath_run(CallPathObject *f, int coll, PyObject *obj, PyObje
     }
     if (!g)
         Py_RETURN_FALSE;
+    if (g->large) {
+        int mapped = maybe_mapped(obj);
+        if (mapped < 0)
+            PyErr_Clear(); /* a `base` that raises: the Python path sees to it */
+        if (mapped)
+            Py_RETURN_FALSE;
+    }
 
     /* The group's state, as run_collective checks it (a destroyed world's engine is
      * stopped: close_world). */
@@ -713,10 +759,24 @@ int pyc_callpath_names(void)
 {
     struct { PyObject **name; const char *text; } names[] = {
         {&s_next, "_next"}, {&s_ring, "_ring"}, {&s_capacity, "capacity"},
-        {&s_acquire, "acquire"}, {&s_release, "release"},
+        {&s_acquire, "acquire"}, {&s_release, "release"}, {&s_base, "base"},
     };
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (!*names[i].name && !(*names[i].name = PyUnicode_InternFromString(names[i].text)))
             return -1;
+    if (!mmap_type) {
+        PyObject *m = PyImport_ImportModule("mmap");
+        if (!m)
+            return -1;
+        mmap_type = PyObject_GetAttrString(m, "mmap");
+        Py_DECREF(m);
+        if (!mmap_type)
+            return -1;
+        if (!PyType_Check(mmap_type)) {
+            Py_CLEAR(mmap_type);
+            PyErr_SetString(PyExc_TypeError, "mmap.mmap is not a type");
+            return -1;
+        }
+    }
     return 0;
 }

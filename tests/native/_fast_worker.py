@@ -262,8 +262,10 @@ def _repeated(collective: str):
     """A call of `collective` on fixed buffers, to repeat (mismatch, kill)."""
     x = np.ones(8, np.float32)
     gathered = np.ones(8 * P, np.float32)
+    big = np.ones(LARGE, np.float32)
     return {
         "all_reduce": lambda: dist.all_reduce(x),
+        "all_reduce_large": lambda: dist.all_reduce(big),  # by single copy
         "reduce": lambda: dist.reduce(x, dst=0),
         "all_gather": lambda: dist.all_gather_into_tensor(gathered, x),
         "reduce_scatter": lambda: dist.reduce_scatter_tensor(x, gathered),
@@ -388,6 +390,58 @@ def mixed() -> None:
     fast_counts()
 
 
+# float32s of the large calls: above the arena's small calls (256 KiB), so all_reduce goes
+# by single copy, and not a whole number of its 128 KiB pieces
+LARGE = 300_001
+
+
+def large() -> None:
+    """Repeated all_reduces by single copy (SUM, MAX, AVG taking turns, new data each
+    time), every result digested; then the same signature on a `pycollective.empty`
+    buffer, which the compiled path declines (the Python path tells the peers it is
+    shared): `LARGE json` with how many of those it ran."""
+    h = hashlib.sha256()
+    x = np.empty(LARGE, np.float32)
+    ops = (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.AVG)
+    for rep in range(12):
+        x[:] = data(_dtypes.BY_NAME["float32"], LARGE, _seed(RANK, rep, "large"))
+        dist.all_reduce(x, ops[rep % 3])
+        h.update(x.tobytes())
+    fast = dist.group.WORLD.fast
+    before = fast.calls if fast is not None else 0
+    shared = dist.empty(LARGE, np.float32)
+    for rep in range(3):
+        shared[:] = data(_dtypes.BY_NAME["float32"], LARGE, _seed(RANK, rep, "shared"))
+        dist.all_reduce(shared, ops[rep % 3])
+        h.update(shared.tobytes())
+    after = fast.calls if fast is not None else 0
+    print("LARGE " + json.dumps({"shared_compiled": after - before}), flush=True)
+    print("DIGEST " + h.hexdigest(), flush=True)
+    fast_counts()
+
+
+def unreachable() -> None:
+    """Repeated all_reduces by single copy, then every rank's single copy is pointed at a
+    process that is gone: the next call fails its copies, and every rank raises."""
+    import subprocess
+
+    big = np.ones(LARGE, np.float32)
+    for _ in range(3):
+        dist.all_reduce(big)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: its pid names no process (until the system reuses it)
+    runner = dist.group.WORLD._fast_runner
+    from pycollective.shm import collectives as _coll
+    from pycollective.shm import native as _shm_native
+
+    runner.native.c.set_single_copy(
+        _coll.SMALL_BYTES + 1, _shm_native.SINGLE_COPY_PIECE_BYTES, [gone.pid] * P
+    )
+    fast_counts()
+    attempt("call", lambda: dist.all_reduce(big))
+    fast_counts()
+
+
 def repeat(n: int) -> None:
     """After one all_reduce, broadcast, barrier, reduce, all_gather_into_tensor and
     reduce_scatter_tensor (the Python path, which teaches the compiled one their
@@ -426,8 +480,10 @@ def main() -> None:
         "threads": threads,
         "mixed": mixed,
         "repeat": lambda: repeat(int(args[0])),
+        "large": large,
+        "unreachable": unreachable,
     }[scenario]()
-    if scenario not in ("kill", "never", "mismatch"):
+    if scenario not in ("kill", "never", "mismatch", "unreachable"):
         dist.destroy_process_group()
 
 

@@ -116,7 +116,7 @@ def test_a_mismatch_after_repeated_calls_raises_on_every_rank(how: str) -> None:
 @pytest.mark.parametrize(
     "nprocs,victim,collective",
     [(2, 1, "all_reduce"), (3, 0, "all_reduce"), (2, 0, "reduce"), (3, 2, "all_gather"),
-     (2, 1, "reduce_scatter")],
+     (2, 1, "reduce_scatter"), (2, 1, "all_reduce_large"), (3, 0, "all_reduce_large")],
 )  # fmt: skip
 def test_peers_waiting_in_a_compiled_call_for_a_killed_rank_raise_within_a_tenth_of_a_second(
     nprocs: int, victim: int, collective: str
@@ -133,6 +133,38 @@ def test_peers_waiting_in_a_compiled_call_for_a_killed_rank_raise_within_a_tenth
         assert call["error"] in ("TransportError", "CollectiveError"), describe(r)
         assert f"rank {victim}" in call["msg"], describe(r)
         assert call["at"] - killed_at < within(0.1), (call["at"] - killed_at, describe(r))
+        before, after = tagged(r, "FAST")
+        assert after["handed"] == before["handed"] + 1, describe(r)  # it was a compiled call
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_repeated_large_all_reduces_go_by_single_copy_with_the_references_bits(
+    nprocs: int,
+) -> None:
+    """all_reduce above the small calls (single copy) is repeated compiled, with the Python
+    arena's bits; on a shared buffer (`pycollective.empty`) of the same signature the
+    compiled path declines, so the peers still learn that it is shared."""
+    compiled = _job(nprocs, "large", env=ALWAYS)
+    python = _job(nprocs, "large", env={"PYCOLLECTIVE_NATIVE": "0"})
+    for r in compiled + python:
+        assert r.returncode == 0, describe(r)
+    digests = {d for r in compiled + python for d in tagged(r, "DIGEST")}
+    assert len(digests) == 1, [describe(r) for r in compiled + python]
+    for r in compiled:
+        (fast,) = tagged(r, "FAST")
+        assert fast["calls"] >= 9, describe(r)  # of 12: all but the first of each op
+        assert tagged(r, "LARGE") == [{"shared_compiled": 0}], describe(r)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_a_compiled_single_copy_that_fails_raises_on_every_rank(nprocs: int) -> None:
+    results = _job(nprocs, "unreachable", env={**ALWAYS, "PYCOLLECTIVE_TIMEOUT": "30"})
+    for r in results:
+        (call,) = tagged(r, "RESULT")
+        assert call["error"] == "TransportError", describe(r)
+        assert "single-copy all_reduce" in call["msg"] and "ESRCH" in call["msg"], describe(r)
         before, after = tagged(r, "FAST")
         assert after["handed"] == before["handed"] + 1, describe(r)  # it was a compiled call
 

@@ -57,10 +57,12 @@ BOTH = (
     "tests/transport/test_fold.py",
     "tests/security/test_fold_attacks.py",
     f"{SHM}test_battery_with_transport_forced[shm-3]",
-    # the compiled per-call path: the Python reference's bits, the flight recorder's
+    # the compiled per-call path: the Python reference's bits (small calls, and large ones
+    # by single copy, shared buffers declined), the flight recorder's
     # entries filled in C, a mismatch, a killed peer, a timeout, async calls beside
     # waiting threads
     f"{FAST}test_repeated_calls_give_the_python_references_bits[3]",
+    f"{FAST}test_repeated_large_all_reduces_go_by_single_copy_with_the_references_bits[2]",
     f"{FAST}test_flight_recorder_shows_compiled_calls_as_python_ones",
     f"{FAST}test_a_mismatch_after_repeated_calls_raises_on_every_rank[op]",
     f"{FAST}test_peers_waiting_in_a_compiled_call_for_a_killed_rank_raise_within_a_tenth_of_a_second[3-0-all_reduce]",

@@ -70,6 +70,7 @@ class NativeArenaRunner(BaseRunner):
         # the group's chunk (rank 0's choice, in the arena's header): ranks must agree
         self.native = _shm_native.NativeArena(arena, _coll.SMALL_BYTES, arena.chunk_bytes)
         pids = self.local_group.single_copy_pids  # every rank offered and reaches every other
+        self.single_copy = pids is not None
         if pids is not None:
             self.native.c.set_single_copy(
                 _coll.SMALL_BYTES + 1, _shm_native.SINGLE_COPY_PIECE_BYTES, pids
@@ -134,7 +135,9 @@ class NativeArenaRunner(BaseRunner):
 
     # The group's compiled path of repeated calls (core/group.py `fast`): the collectives it
     # repeats, at most this large (larger calls may share buffers: their Python path maps
-    # the peers' ones).
+    # the peers' ones), except all_reduce by single copy, of any size: the path declines a
+    # call whose buffer may be shared memory (csrc/callpath.c maybe_mapped). It saves the
+    # Python path's few microseconds a call (1 MiB: 92 against 94 us, docs/shm.md).
     FAST = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier")
     FAST_BYTES = _coll.SMALL_BYTES
 
@@ -146,7 +149,8 @@ class NativeArenaRunner(BaseRunner):
             return None
         out = arrays.get(prep.out) if prep.out else None
         if out is not None:
-            if out.nbytes > self.FAST_BYTES:
+            large = out.nbytes > self.FAST_BYTES
+            if large and not (self.single_copy and prep.collective == "all_reduce"):
                 return None
             if prep.shareable and _shared.describe(out) != _shared.NOT_SHARED:
                 return None
