@@ -15,31 +15,26 @@ from __future__ import annotations
 
 import select
 import socket
-import threading
 from collections import deque
+
+from .helper_thread import OneJobThread
 
 POLL_MS = 20  # a stop request is seen within this (each wait for bytes)
 WINDOWS = 4  # pieces read ahead of the reduction at most
 
 
-class RecvHelper:
-    """One daemon thread; `start` a payload's rest, `take` its pieces, `wait_stopped`."""
+class RecvHelper(OneJobThread):
+    """Reads one payload's rest at a time: `start` it, `take` its pieces, `wait_stopped`."""
 
     def __init__(self, wake: socket.socket) -> None:
-        self._wake = wake  # written when a piece is in: the progress loop's poller wakes
+        super().__init__(wake, "pycollective-tcp-recv")
         self._piece = 0
-        self._cv = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._job: tuple[socket.socket, int] | None = None
         self._windows: list[memoryview] = []  # made at the first job, kept
         # Where the next pieces may go: free windows, or None for each piece that may be
         # read into the destination (`_into`) before the loop has taken the earlier ones.
         self._free: list[memoryview | None] = []
         self._into: memoryview | None = None
         self._ready: deque[memoryview] = deque()  # whole pieces, in stream order
-        self._stop = False
-        self._closed = False
-        self.busy = False  # a payload is being read (read by the loop under the GIL)
         self.partial: memoryview | None = None  # a piece stopped part way: its bytes
         self.error: str | None = None  # why the connection failed, as the loop says it
 
@@ -56,17 +51,11 @@ class RecvHelper:
             elif piece != self._piece or len(self._windows) != WINDOWS:
                 self._windows = [memoryview(bytearray(piece)) for _ in range(WINDOWS)]
                 self._piece = piece
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="pycollective-tcp-recv", daemon=True
-                )
-                self._thread.start()
             if into is None:
                 self._free = list(self._windows)
             self._ready.clear()
-            self._job = (sock, nbytes)
-            self.partial, self.error, self._stop, self.busy = None, None, False, True
-            self._cv.notify_all()
+            self.partial, self.error = None, None
+            self._launch((sock, nbytes))
 
     def take(self) -> list[memoryview]:
         """The whole pieces read since the last call, in order."""
@@ -88,39 +77,8 @@ class RecvHelper:
                         break
             self._cv.notify_all()
 
-    def wait_stopped(self) -> None:
-        """Stop reading (within POLL_MS) and wait until the thread has let go."""
-        with self._cv:
-            self._stop = True
-            self._cv.notify_all()
-            while self.busy:
-                self._cv.wait()
-
-    def close(self) -> None:
-        """End the thread (it holds no job between exchanges: it ends at once)."""
-        with self._cv:
-            self._closed = self._stop = True
-            self._cv.notify_all()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(1.0)
-
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                while self._job is None and not self._closed:
-                    self._cv.wait()
-                if self._job is None:
-                    return
-                sock, nbytes = self._job
-                self._job = None
-            self._read(sock, nbytes)
-            with self._cv:
-                self.busy = False
-                self._cv.notify_all()
-            self._poke()
-
-    def _read(self, sock: socket.socket, nbytes: int) -> None:
+    def _work(self, job: tuple[socket.socket, int]) -> None:
+        sock, nbytes = job
         poller = select.poll()
         poller.register(sock.fileno(), select.POLLIN)
         left, at = nbytes, 0
@@ -159,9 +117,3 @@ class RecvHelper:
             with self._cv:
                 self._ready.append(view)
             self._poke()
-
-    def _poke(self) -> None:
-        try:
-            self._wake.send(b"\0")
-        except OSError:
-            pass  # the loop is woken already (buffer full) or closed
