@@ -156,7 +156,6 @@ class Receiving(TransportState):
             or self._reader_conn is not None
             or conn.tls
             or not self._sel.unwatches_reads
-            or not self._reader_wanted()
         ):
             return False
         if target.sink is not None:
@@ -169,6 +168,8 @@ class Receiving(TransportState):
             if rest < RECV_HELPER_BYTES:
                 return False
             into = view[conn.got :]
+        if not self._reader_wanted():  # last: it may read the machine's load
+            return False
         self._reader_conn, self._reader_left, self._reader_sink = conn, rest, target.sink
         conn.reader = True
         self._sel.modify(conn.sock, conn, conn.writing, read=False)
