@@ -154,6 +154,16 @@ def test_items_split_between_reads_are_carried_whole(itemsize_name: str) -> None
     assert dst.tobytes() == expect.tobytes()
 
 
+def _send_all(sock: socket.socket, data: bytes | memoryview) -> None:
+    """Write all of `data` to a non-blocking socket, as a peer that keeps sending."""
+    view, done = memoryview(data), 0
+    while done < view.nbytes:
+        try:
+            done += sock.send(view[done:])
+        except BlockingIOError:
+            time.sleep(0.001)
+
+
 @pytest.mark.timeout(60)
 def test_peer_lost_mid_payload_raises_naming_it(pair) -> None:
     t0, t1 = pair
@@ -165,13 +175,7 @@ def test_peer_lost_mid_payload_raises_naming_it(pair) -> None:
     sock = t1._conns[0].sock
 
     def half_then_gone() -> None:
-        data = memoryview(_data(1, 0, n).pack() + np.ones(n // 8, np.float32).tobytes())
-        done = 0
-        while done < data.nbytes:
-            try:
-                done += sock.send(data[done:])
-            except BlockingIOError:
-                time.sleep(0.001)
+        _send_all(sock, _data(1, 0, n).pack() + np.ones(n // 8, np.float32).tobytes())
         sock.shutdown(socket.SHUT_RDWR)  # t0 reads the end of the stream, as of a crash
 
     w = threading.Thread(target=half_then_gone)
@@ -197,15 +201,7 @@ def test_a_peer_stalled_mid_payload_times_out_within_bounds(pair) -> None:
     sock = t1._conns[0].sock
     data = memoryview(_data(1, 0, n).pack() + np.ones(n // 4, np.float32).tobytes()[:sent])
 
-    def write() -> None:
-        done = 0
-        while done < data.nbytes:
-            try:
-                done += sock.send(data[done:])
-            except BlockingIOError:
-                time.sleep(0.001)
-
-    w = threading.Thread(target=write)
+    w = threading.Thread(target=_send_all, args=(sock, data))
     w.start()
     start = time.monotonic()
     with pytest.raises(CollectiveTimeout):
