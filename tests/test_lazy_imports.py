@@ -66,6 +66,18 @@ def test_a_rank_that_runs_collectives_still_leaves_them_out() -> None:
     assert not loaded & {"pycollective.store.etcd", "http.client"}
 
 
+def test_the_launcher_leaves_the_etcd_client_out() -> None:
+    """`pycollective run` (every launcher process) parses --rdzv-endpoint with
+    store/_etcd_endpoints.py, not the client."""
+    loaded = _modules_after(
+        "from pycollective.cli.run import options\n"
+        "from pycollective.store._etcd_endpoints import parse_endpoints\n"
+        "assert str(parse_endpoints('h:1')[0]) == 'h:1'"
+    )
+    assert "pycollective.cli.run.launch" in loaded
+    assert not loaded & {"pycollective.store.etcd", "pycollective.store._etcd_client"}
+
+
 def test_lazy_names_resolve_to_the_real_objects() -> None:
     loaded = _modules_after(
         "from pycollective import store\n"
