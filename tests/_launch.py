@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +39,11 @@ def run_ranks(
     torchrun does) and return every rank's outcome. Kills everything at the timeout."""
     port = free_port()
     procs = []
+    marks = tempfile.mkdtemp(prefix="marks-")  # _workerlib.mark/wait_for: the ranks' hand-shakes
     for rank in range(nprocs):
         child_env = dict(os.environ)
         child_env.update(
+            TEST_MARKS=marks,
             RANK=str(rank),
             WORLD_SIZE=str(nprocs),
             LOCAL_RANK=str(rank),
@@ -82,6 +86,7 @@ def run_ranks(
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        shutil.rmtree(marks, ignore_errors=True)
     return results
 
 

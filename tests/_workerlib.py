@@ -12,11 +12,15 @@ same two lines to find this one:
 from __future__ import annotations
 
 import json
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 RESULT = "RESULT "
+# A directory tests/_launch.py's run_ranks makes for one job's ranks: `mark` and `wait_for`
+# hand-shake through it.
+MARKS = "TEST_MARKS"
 
 
 def emit(fields: dict[str, Any], prefix: str = RESULT) -> None:
@@ -52,3 +56,22 @@ def attempt(
         return exc
     report(step=step, error=None, elapsed=time.monotonic() - t0, at=time.time())
     return None
+
+
+def mark(name: str, rank: int) -> None:
+    """Tell the job's other ranks that `name` happened here (a file in $TEST_MARKS)."""
+    with open(os.path.join(os.environ[MARKS], f"{name}.{rank}"), "w"):
+        pass
+
+
+def wait_for(name: str, ranks: Iterable[int], timeout: float = 60.0) -> None:
+    """Until every one of `ranks` has marked `name`: a rank that must stay out of a call
+    until its peers have given up on it waits for exactly that, instead of a nap that has
+    to outlast their timeout on a loaded machine (and costs its length on an idle one).
+    Raises TimeoutError after `timeout` seconds (a peer that died before marking)."""
+    paths = [os.path.join(os.environ[MARKS], f"{name}.{r}") for r in ranks]
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(p) for p in paths):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"ranks {list(ranks)} did not mark {name!r} in {timeout} s")
+        time.sleep(0.01)

@@ -3,7 +3,8 @@
 * imports only go downward: api -> core -> runners -> {schedule, shm, transport, tuning,
   store} -> observe -> leaves (LAYERS below says exactly what each layer may import);
 * no import cycles (computed from the import graph, named when found);
-* no module imports the package from inside a function (the way cycles used to hide);
+* no module imports the package from inside a function (the way cycles used to hide); a
+  package's lazy names (its `_LAZY` table, pycollective._lazy) count as its imports;
 * no mutable module-level state outside the documented registries (REGISTRIES).
 
 Sans-IO: the source is parsed with `ast`, nothing is imported.
@@ -153,12 +154,39 @@ def _type_checking(node: ast.AST) -> bool:
     )
 
 
+def lazy_table(tree: ast.Module) -> list[tuple[str, int]]:
+    """(module, line) of every entry of the module-level `_LAZY` table ("module" or
+    "module:attribute"): the imports pycollective._lazy makes on first use."""
+    found = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        if not any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in targets):
+            continue
+        assert isinstance(value, ast.Dict), f"line {node.lineno}: _LAZY must be a dict literal"
+        for v in value.values:
+            assert isinstance(v, ast.Constant) and isinstance(v.value, str), (
+                f"line {node.lineno}: _LAZY's targets must be string literals"
+            )
+            found.append((v.value.partition(":")[0], v.lineno))
+    return found
+
+
 def imports(
     module: str, path: Path, known: set[str], package: str = PACKAGE
 ) -> list[tuple[str, bool, int]]:
-    """(imported module, inside a function?, line) for every import of the package."""
+    """(imported module, inside a function?, line) for every import of the package, the
+    lazy ones of its `_LAZY` table included (as imports at the top: edges like any)."""
     tree = ast.parse(path.read_text(), str(path))
-    found: list[tuple[str, bool, int]] = []
+    found: list[tuple[str, bool, int]] = [
+        (target, False, line)
+        for target, line in lazy_table(tree)
+        if target.split(".")[0] == package
+    ]
 
     def visit(node: ast.AST, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
@@ -268,6 +296,26 @@ def test_a_planted_cycle_is_found(tmp_path) -> None:
     (pkg / "c.py").write_text("from . import a\nthing = 1\n")
     (pkg / "d.py").write_text("from . import a\n")  # depends on the cycle, not in it
     assert cycles(graph(tmp_path, "planted")) == [["planted.a", "planted.c", "planted.sub.b"]]
+
+
+def test_a_planted_lazy_cycle_is_found(tmp_path) -> None:
+    """A lazy name (a `_LAZY` table) is an import for the checks: a -> b eagerly and b -> a
+    through b's table is a cycle, and an entry that is not a string literal is refused."""
+    pkg = tmp_path / "planted"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from . import b\n")
+    (pkg / "b.py").write_text('_LAZY = {"thing": "planted.a:thing"}\n')
+    assert cycles(graph(tmp_path, "planted")) == [["planted.a", "planted.b"]]
+    (pkg / "b.py").write_text('NAME = "planted.a"\n_LAZY = {"thing": NAME}\n')
+    with pytest.raises(AssertionError, match="string literals"):
+        graph(tmp_path, "planted")
+
+
+def test_the_package_has_lazy_names_the_checks_see() -> None:
+    """The lazy tables of the package are read (so a lazy import cannot hide a cycle or
+    an upward import): the store's etcd client is one of its edges."""
+    assert "pycollective.store.etcd" in graph()["pycollective.store"]
 
 
 def test_imports_only_go_downward() -> None:

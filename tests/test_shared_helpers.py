@@ -7,6 +7,7 @@ import argparse
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -100,6 +101,29 @@ def test_workers_report_through_one_helper(capsys):
     for path in set(tests.rglob("_*worker*.py")) - {tests / "_workerlib.py"}:
         defs = {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
         assert not defs & {"report", "attempt"}, f"{path}: use tests/_workerlib.py"
+
+
+def test_ranks_hand_shake_through_marks(tmp_path, monkeypatch):
+    """_workerlib's mark/wait_for (what a rank kept out of a call waits on instead of a nap):
+    wait_for returns once every rank named has marked, in whatever order, and raises when
+    one never does; run_ranks gives each job a directory of its own and removes it."""
+    from tests import _launch, _workerlib
+
+    monkeypatch.setenv(_workerlib.MARKS, str(tmp_path))
+    threading.Timer(0.1, _workerlib.mark, ("ready", 1)).start()
+    _workerlib.mark("ready", 0)
+    t0 = time.monotonic()
+    _workerlib.wait_for("ready", [0, 1], timeout=30)
+    assert time.monotonic() - t0 < 20
+    with pytest.raises(TimeoutError, match="did not mark 'ready'"):
+        _workerlib.wait_for("ready", [0, 2], timeout=0.2)
+    script = tmp_path / "x.py"
+    script.write_text("import os; d = os.environ['TEST_MARKS']; print(d, os.path.isdir(d))")
+    (a,) = _launch.run_ranks(script, 1)
+    (b,) = _launch.run_ranks(script, 1)
+    assert a.returncode == 0 and a.stdout.split()[1] == "True", a.stderr
+    assert a.stdout.split()[0] != b.stdout.split()[0]
+    assert not Path(a.stdout.split()[0]).exists()
 
 
 def test_run_bounded_fails_a_busy_loop_on_its_cpu_time_and_a_blocked_child_on_the_wall():

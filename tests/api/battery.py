@@ -1,7 +1,7 @@
 """Run on every rank of a real job: every collective x dtype x op x algorithm, checked against
 numpy references each rank computes on its own. Exit status 0 only if every check passed.
 
-    python tests/api/battery.py [--torch] [--quick] [--digest]
+    python tests/api/battery.py [--torch] [--quick] [--digest] [--no-bfloat16]
 
 --digest prints a hash of every result's bytes (`digest <hex>`, in no particular order),
 so two runs can be compared bit for bit (tests/native: the compiled arena against the
@@ -20,12 +20,19 @@ import numpy as np
 import pycollective as dist
 from pycollective import ReduceOp, UsageError
 
-try:
-    import ml_dtypes
+# bfloat16 is ml_dtypes', whose import costs half a second of CPU in every rank. Jobs whose
+# subject is how ranks are started and find each other (tests/api/test_launchers.py,
+# test_slurm.py: torchrun, mpirun, hydra, srun, PMI, our launcher) leave it out with
+# --no-bfloat16; every other run of the battery checks it (test_collectives.py at 1-5 and 8
+# ranks, the forced transports, the compiled arena, TLS, the hierarchy's fake hosts).
+BF16 = None
+if "--no-bfloat16" not in sys.argv:
+    try:
+        import ml_dtypes
 
-    BF16 = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover
-    BF16 = None
+        BF16 = np.dtype(ml_dtypes.bfloat16)
+    except ImportError:  # pragma: no cover
+        pass
 
 DTYPES = [
     np.float16,

@@ -31,6 +31,9 @@ from pycollective._netutil import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BATTERY = REPO / "tests" / "api" / "battery.py"
+# The battery without bfloat16 (ml_dtypes: half a second of CPU in every rank): these jobs
+# check how ranks are started; test_collectives.py checks bfloat16 (battery.py says where).
+QUICK = ("--quick", "--no-bfloat16")
 PYTHON = sys.executable
 TAG = "PYCOLLECTIVE_TEST_JOB"
 
@@ -201,7 +204,7 @@ needs_torchrun = pytest.mark.skipif(
 def test_torchrun_battery(job_env, n, extra):
     # torchrun's agent hosts a torch TCPStore at MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True)
     res = run_job(
-        [TORCHRUN, "--nproc-per-node", n, "--master-port", free_port(), BATTERY, "--quick", *extra],
+        [TORCHRUN, "--nproc-per-node", n, "--master-port", free_port(), BATTERY, *QUICK, *extra],
         job_env,
     )
     assert_battery_passed(res, n)
@@ -212,7 +215,7 @@ def test_torchrun_battery(job_env, n, extra):
 def test_torchrun_standalone_without_the_shared_agent_store(job_env):
     # The c10d rendezvous with its store not shared: MASTER_PORT is free and rank 0 hosts ours.
     job_env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    res = run_job([TORCHRUN, "--standalone", "--nproc-per-node", 2, BATTERY, "--quick"], job_env)
+    res = run_job([TORCHRUN, "--standalone", "--nproc-per-node", 2, BATTERY, *QUICK], job_env)
     assert_battery_passed(res, 2)
 
 
@@ -267,7 +270,7 @@ def test_torchrun_restart_never_reads_the_failed_attempts_addresses(job_env, tmp
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_pycollective_run_battery(job_env, n):
-    res = run_job([PYTHON, "-m", "pycollective", "run", "-n", n, BATTERY, "--quick"], job_env)
+    res = run_job([PYTHON, "-m", "pycollective", "run", "-n", n, BATTERY, *QUICK], job_env)
     assert_battery_passed(res, n)
     # the launcher's prefix on every line of every rank's output
     for rank in range(n):
@@ -339,7 +342,7 @@ def two_mpirun_jobs() -> Iterator[dict[int, tuple[int, str, str]]]:
     with _tagged_env() as env:
         procs = [
             subprocess.Popen(
-                [str(c) for c in mpirun_cmd(n, BATTERY, "--quick")],
+                [str(c) for c in mpirun_cmd(n, BATTERY, *QUICK)],
                 env=env,
                 cwd=REPO,
                 stdout=subprocess.PIPE,
@@ -372,7 +375,7 @@ HYDRA = shutil.which("mpiexec.hydra")
 @pytest.mark.parametrize("n", [2, 3])
 def test_hydra_battery(job_env, n):
     # hydra sets PMI_RANK/PMI_SIZE/MPI_LOCALRANKID and no job id: its proxy's pid names the job.
-    res = run_job([HYDRA, "-n", n, PYTHON, BATTERY, "--quick"], job_env)
+    res = run_job([HYDRA, "-n", n, PYTHON, BATTERY, *QUICK], job_env)
     assert_battery_passed(res, n)
 
 
@@ -413,7 +416,7 @@ def test_srun_two_steps_at_once(job_env):
     job = str(random.randrange(100000, 999999))
     steps = [
         start_ranks(
-            [srun_vars(r, n, job, step) for r in range(n)], job_env, [str(BATTERY), "--quick"]
+            [srun_vars(r, n, job, step) for r in range(n)], job_env, [str(BATTERY), *QUICK]
         )
         for n, step in ((2, "0"), (3, "1"))
     ]
@@ -437,9 +440,9 @@ def test_pmi_jobs(job_env):
     kvs = f"kvs_{random.randrange(10**6)}_0"
     jobs = [
         start_ranks(
-            [pmi_vars(r, 2, PMI_KVSNAME=kvs) for r in range(2)], job_env, [str(BATTERY), "--quick"]
+            [pmi_vars(r, 2, PMI_KVSNAME=kvs) for r in range(2)], job_env, [str(BATTERY), *QUICK]
         ),
-        start_ranks([pmi_vars(r, 3) for r in range(3)], job_env, [str(BATTERY), "--quick"]),
+        start_ranks([pmi_vars(r, 3) for r in range(3)], job_env, [str(BATTERY), *QUICK]),
     ]
     for procs in jobs:
         assert_ranks_passed(finish_ranks(procs, 80))

@@ -23,6 +23,9 @@ from tools import nethosts
 
 REPO = Path(__file__).resolve().parents[2]
 BATTERY = REPO / "tests" / "api" / "battery.py"
+# The battery without bfloat16 (ml_dtypes: half a second of CPU in every rank): these jobs
+# check how ranks are started; test_collectives.py checks bfloat16 (battery.py says where).
+QUICK = ("--quick", "--no-bfloat16")
 PYTHON = sys.executable
 LAUNCHER = re.compile(
     r"^(OMPI_|PMIX_|PMI_|SLURM_|TORCHELASTIC_|MPI_LOCAL|HYDRA_|PYCOLLECTIVE_)|^(RANK|"
@@ -80,7 +83,7 @@ def cluster():
 # not symmetric; the battery at every size 1-8 runs in tests/shm and tests/api.
 @pytest.mark.parametrize("n", [3])
 def test_srun_battery(cluster, n):
-    res = cluster.run(["srun", "-n", n, PYTHON, BATTERY, "--quick"], env=job_env(), cwd=REPO)
+    res = cluster.run(["srun", "-n", n, PYTHON, BATTERY, *QUICK], env=job_env(), cwd=REPO)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert_battery_passed(res.stdout, n)
 
@@ -165,7 +168,7 @@ def test_srun_two_nodes_in_namespace_hosts():
                 c.start()
             except (RuntimeError, OSError) as exc:
                 pytest.skip(f"slurmd did not start in namespace hosts: {exc}")
-            res = c.run(["srun", "-N", "2", "-n", "4", PYTHON, BATTERY, "--quick"],
+            res = c.run(["srun", "-N", "2", "-n", "4", PYTHON, BATTERY, *QUICK],
                         env=job_env(), cwd=REPO)  # fmt: skip
             assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:] + c.logs()
             assert_battery_passed(res.stdout, 4)

@@ -1,6 +1,6 @@
 """One rank of a flight-recorder job (tests/faults/test_flight.py).
 
-_flight_worker.py sleep NAP   the last rank stops calling; the others time out
+_flight_worker.py sleep       the last rank stops calling until the others timed out
 _flight_worker.py usr1        every rank dumps on SIGUSR1 after a few calls
 """
 
@@ -11,10 +11,14 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 import pycollective as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: _workerlib
+from _workerlib import mark, wait_for  # noqa: E402
 
 RANK = int(os.environ["RANK"])
 P = int(os.environ["WORLD_SIZE"])
@@ -28,12 +32,13 @@ def main() -> None:
     dist.broadcast(np.ones(5, np.int64), src=P - 1)
     if scenario == "sleep":
         if RANK == P - 1:
-            time.sleep(float(args[0]))
+            wait_for("timed-out", range(P - 1))
         else:
             try:
                 dist.all_reduce(np.ones(7, np.float64))
             except dist.CollectiveTimeout as exc:
                 print("TIMEOUT " + json.dumps({"msg": str(exc), "waiting": exc.waiting_on}))
+            mark("timed-out", RANK)
     elif scenario == "usr1":
         os.kill(os.getpid(), signal.SIGUSR1)
         deadline = time.monotonic() + 5

@@ -23,7 +23,7 @@ import pycollective as dist
 from pycollective import ReduceOp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: _workerlib
-from _workerlib import attempt, report  # noqa: E402
+from _workerlib import attempt, mark, report, wait_for  # noqa: E402
 
 RANK = int(os.environ["RANK"])
 P = int(os.environ["WORLD_SIZE"])
@@ -220,11 +220,13 @@ def die(how: str, algorithm: str, victim: int, n: int) -> None:
 # ---------------------------------------------------------------------- a rank never calls
 
 
-def sleeper(nap: float) -> None:
+def sleeper() -> None:
+    """The last rank keeps out of the call until every other rank has timed out in it."""
     sleepy = P - 1
     if RANK == sleepy:
-        time.sleep(nap)
+        wait_for("timed-out", range(sleepy))
         attempt("late", _ar())
+        mark("late-called", RANK)
     else:
         exc = attempt("timeout", _ar())
         if exc is not None:
@@ -234,8 +236,9 @@ def sleeper(nap: float) -> None:
                 elapsed=0.0,
                 waiting_on=list(getattr(exc, "waiting_on", ()) or ()),
             )
+        mark("timed-out", RANK)
         # stay up until the sleeper has called, so it hears the news from us
-        time.sleep(max(0.0, nap + 1.5 - 2.0))
+        wait_for("late-called", [sleepy])
         attempt("after", _ar())
 
 
@@ -262,17 +265,20 @@ def pending_at_destroy() -> None:
         report(step="pending", error=None, elapsed=0.0, done=work.is_completed())
         finish()
         attempt("wait-after-destroy", lambda: work.wait(timeout=5))
+        mark("done", RANK)
         return
-    time.sleep(3.0)
+    wait_for("done", [0])  # never joins the call rank 0 destroyed its group under
     finish()
 
 
-def monitored(nap: float) -> None:
-    """Everyone arrives at one monitored_barrier; then the last rank is late for the next."""
+def monitored() -> None:
+    """Everyone arrives at one monitored_barrier; then the last rank is late for the next:
+    it comes once every other rank has found it missing."""
     attempt("all-arrive", lambda: dist.monitored_barrier(timeout=10))
     if RANK == P - 1:
-        time.sleep(nap)
+        wait_for("missed", range(P - 1))
         attempt("late", lambda: dist.monitored_barrier(timeout=10))
+        mark("late-called", RANK)
         return
     exc = attempt("missing", lambda: dist.monitored_barrier(timeout=1.0, wait_all_ranks=True))
     report(
@@ -281,7 +287,8 @@ def monitored(nap: float) -> None:
         elapsed=0.0,
         waiting_on=list(getattr(exc, "waiting_on", ()) or ()),
     )
-    time.sleep(max(0.0, nap - 0.5))  # stay until the late rank has heard from us
+    mark("missed", RANK)
+    wait_for("late-called", [P - 1])  # stay until the late rank has heard from us
 
 
 def main() -> None:
@@ -292,11 +299,11 @@ def main() -> None:
     elif scenario == "die":
         die(args[0], args[1], int(args[2]), int(args[3]))
     elif scenario == "sleep":
-        sleeper(float(args[0]))
+        sleeper()
     elif scenario == "async":
         async_error(args[0])
     elif scenario == "monitored":
-        monitored(float(args[0]))
+        monitored()
     elif scenario == "pending":
         pending_at_destroy()
         return

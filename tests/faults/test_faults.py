@@ -180,8 +180,8 @@ def test_rank_death_reaches_every_survivor_promptly(nprocs, how, algorithm, vict
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_rank_that_never_calls_times_out_the_others_and_fails_itself(nprocs: int) -> None:
-    timeout, nap = 2.0, 3.0
-    results, steps = _job(nprocs, "sleep", str(nap), timeout=timeout)
+    timeout = 2.0
+    results, steps = _job(nprocs, "sleep", timeout=timeout)
     sleepy = nprocs - 1
     named = set()
     for r in results:
@@ -244,7 +244,7 @@ def test_destroy_with_a_collective_in_flight_returns_promptly() -> None:
 @pytest.mark.timeout(60)
 def test_monitored_barrier_names_the_ranks_that_did_not_arrive() -> None:
     nprocs = 3
-    results, steps = _job(nprocs, "monitored", "2.5")
+    results, steps = _job(nprocs, "monitored")
     for r in results:
         s = steps[r.rank]
         _check_clean_exit(r, s)

@@ -69,7 +69,7 @@ def test_capacity_comes_from_the_environment(monkeypatch) -> None:
 @pytest.mark.timeout(60)
 def test_timeout_dumps_and_diagnose_names_the_rank_behind(tmp_path) -> None:
     results = run_ranks(
-        WORKER, 3, ("sleep", "4"), timeout=40,
+        WORKER, 3, ("sleep",), timeout=40,
         env={"PYCOLLECTIVE_TIMEOUT": "1.5", "PYCOLLECTIVE_FLIGHT_DIR": str(tmp_path)},
     )  # fmt: skip
     infos = []

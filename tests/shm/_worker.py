@@ -20,7 +20,7 @@ import pycollective as dist
 from pycollective.runners import ArenaRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: _workerlib
-from _workerlib import attempt, report  # noqa: E402
+from _workerlib import attempt, mark, report, wait_for  # noqa: E402
 
 RANK = int(os.environ["RANK"])
 P = int(os.environ["WORLD_SIZE"])
@@ -99,9 +99,10 @@ def mixed() -> None:
 
 def never() -> None:
     if RANK == P - 1:
-        time.sleep(2.5)
+        wait_for("timed-out", range(P - 1))  # out of the call until the others gave up on it
     else:
         attempt("call", lambda: dist.all_reduce(np.ones(1 << 16, np.float32)))
+        mark("timed-out", RANK)
 
 
 def hang() -> None:

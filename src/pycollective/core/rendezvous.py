@@ -11,12 +11,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import _auth, _config, _launch_env, _netutil, runners
+from .. import _auth, _config, _launch_env, _lazy, _netutil, runners
 from .. import store as store_mod
 from .._errors import CollectiveTimeout, StoreError, UsageError
 from .._keys import JobKey
 from ..store import _signed
-from ..store.etcd import parse_url as parse_etcd_url
 from ..transport.tcp import connect_mesh
 from ..tuning import params as _tuning
 from .p2p import run_batch
@@ -96,7 +95,7 @@ def make_store(
         return store_mod.FileStore(init_method[len("file://") :], timeout=timeout)
     etcd_url = etcd_url_of(init_method)
     if etcd_url is not None:
-        hosts, job = parse_etcd_url(etcd_url)
+        hosts, job = store_mod.parse_etcd_url(etcd_url)
         key = creds.key if creds is not None else None  # a world of one: nothing to sign
         store = store_mod.EtcdStore(hosts, job, key, timeout=timeout)
         attempt = _config.get("PYCOLLECTIVE_RESTART_COUNT")
@@ -155,7 +154,7 @@ def etcd_url_of(init_method: str | None) -> str | None:
     if not init_method or init_method == "env://":
         url = _config.get("PYCOLLECTIVE_STORE")
         if url is not None:
-            parse_etcd_url(url)  # a bad one is named here
+            store_mod.parse_etcd_url(url)  # a bad one is named here
             return url
     return None
 
@@ -165,7 +164,8 @@ def route_of(store: Any, master_addr: str | None, multi_node: bool) -> tuple[str
     MASTER_ADDR: ranks that meet in etcd advertise the interface that routes to the first
     etcd endpoint, and span hosts unless every endpoint is on loopback."""
     inner = store._store if isinstance(store, JobStore) else store
-    if not isinstance(inner, store_mod.EtcdStore):
+    etcd_store = _lazy.if_loaded(store_mod, "EtcdStore")  # None: no EtcdStore exists yet
+    if etcd_store is None or not isinstance(inner, etcd_store):
         return master_addr, multi_node
     hosts = [e.host for e in inner.endpoints]
     remote = not all(_netutil.is_loopback(h) for h in hosts)

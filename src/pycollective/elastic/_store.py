@@ -12,9 +12,9 @@ import time
 
 from .. import _auth, _launch_env, _netutil
 from .._errors import StoreError, UsageError
-from ..core import rendezvous
 from ..store import EtcdStore, TCPStore
 from ..store._etcd_client import parse_endpoints
+from ..store.etcd import parse_url as parse_etcd_url
 from ._errors import ElasticError
 
 _SLICE = 0.05  # a watched store wait checks the members' leases this often
@@ -93,7 +93,7 @@ def connect_store(
     at MASTER_ADDR:MASTER_PORT; when nobody serves it there, a store host this member
     starts (_storehost.py), which outlives it. `started_key` records who started it."""
     if etcd_url is not None:
-        hosts, job = rendezvous.parse_etcd_url(etcd_url)
+        hosts, job = parse_etcd_url(etcd_url)
         return EtcdStore(hosts, job, None, timeout=timeout,
                          connect_timeout=setup_timeout)  # fmt: skip
     host, port = env.master_addr, env.master_port
@@ -136,7 +136,7 @@ def etcd_hosts(store: EtcdStore | None, url: str | None) -> list[str]:
     if store is not None:
         return [e.host for e in store.endpoints]
     assert url is not None
-    hosts, _ = rendezvous.parse_etcd_url(url)
+    hosts, _ = parse_etcd_url(url)
     return [e.host for e in parse_endpoints(hosts)]
 
 

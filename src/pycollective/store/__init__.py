@@ -10,10 +10,10 @@ Every connection to a TCP store proves the job's shared secret first (pycollecti
 every failure and timeout raises pycollective.StoreError.
 """
 
+from .. import _lazy
 from .._errors import StoreError
 from ._base import MAX_KEY_BYTES, MAX_VALUE_BYTES, Store
 from ._memory import HashStore
-from .etcd import EtcdStore
 from .file import FileStore
 from .prefix import PrefixStore
 from .tcp import TCPStore, TCPStoreServer
@@ -30,3 +30,11 @@ __all__ = [
     "TCPStore",
     "TCPStoreServer",
 ]
+
+# The etcd client (and http.client, email under it) is imported when a job first uses etcd:
+# most jobs meet in a TCP store or a file (pycollective._lazy).
+_LAZY = {
+    "EtcdStore": "pycollective.store.etcd:EtcdStore",
+    "parse_etcd_url": "pycollective.store.etcd:parse_url",
+}
+__getattr__, __dir__ = _lazy.attach(__name__, _LAZY)

@@ -17,7 +17,7 @@ from ..._errors import UsageError
 from ...observe import diagnose
 from ...observe import timeline as _timeline
 from ...store import TCPStoreServer
-from ...store._etcd_client import parse_endpoints
+from ...store._etcd_endpoints import parse_endpoints
 from .options import command_line, rank_environment
 from .ranks import Output
 from .restarts import run_job

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from ..._errors import UsageError
-from ...store._etcd_client import parse_endpoints
+from ...store._etcd_endpoints import parse_endpoints
 from .._args import seconds
 
 
