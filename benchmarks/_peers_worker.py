@@ -137,7 +137,23 @@ def main(argv: list[str]) -> int:
     finally:
         for b in reversed(list(backends.values())):
             b.close()
+    if "deepspeed" in backends:  # only once all went well: an error keeps its exit status
+        _exit_past_torch_threads()
     return 0
+
+
+def _exit_past_torch_threads() -> None:
+    """End the process without the interpreter's finalization. In DeepSpeed's venv (its
+    own torch) a gloo worker thread sometimes drops its last tensor reference while the
+    interpreter finalizes, takes the GIL from a dying thread and aborts the rank (signal 6
+    in ProcessGroupGloo::runLoop), after every number was printed. MPI is finalized first
+    (mpirun counts a rank that skipped it as failed)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    os._exit(0)
 
 
 if __name__ == "__main__":
