@@ -21,7 +21,10 @@ ranks, a barrier before each call:
             auto and ring with TCP reductions in Python (the window and numpy, the
             reference and the default) where auto and ring use the compiled
             read-and-reduce (csrc/sockio.c): run with PYCOLLECTIVE_TCP_NATIVE=1 to
-            compare the two call by call (without it both are the Python path).
+            compare the two call by call (without it both are the Python path);
+  auto_seg4, auto_seg8
+            auto on 4 (8) consecutive slices of the buffer, one call each: what splitting
+            a large call into segments run one after another costs or buys.
 
 Per call and rank: wall time, the process's CPU time (all its threads), the time it was
 blocked waiting for peers (select() and the arena's waits, as the timeline measures it:
@@ -31,7 +34,9 @@ the wall after CPU and blocking is time spent runnable without a core. Beside th
 machine's busy and softirq CPU seconds over the call (/proc/stat, every process's: the
 other jobs' too), to see work done for the call outside its processes, and the seconds
 the rank's threads spent runnable on a run queue (schedstat, summed over its threads;
-unlike "blocked", also seen for gloo). Printed: medians
+unlike "blocked", also seen for gloo), and "idle": the core-ms no process used over rank
+0's wall of the phase (cores x wall - machine busy), the most a pipeline overlapping the
+phases could put to work on this machine. Printed: medians
 over calls of rank 0's numbers (the slowest rank's wall per call for the totals), each run
 with the load around it. PYCOLLECTIVE_* variables set here reach every rank.
 """
@@ -56,7 +61,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 MODES = (
     "auto", "leaders", "ring", "recursive_doubling", "halving_doubling", "gloo", "auto_py",
-    "ring_py",
+    "ring_py", "auto_seg4", "auto_seg8",
 )  # fmt: skip
 KEYS = ("wall", "cpu", "blocked", "csw", "machine_busy", "machine_softirq", "queued")
 
@@ -169,6 +174,9 @@ def _rank(cfg: dict) -> None:
                 s0 = sample()
                 if mode == "gloo":
                     td.all_reduce(t)
+                elif mode.startswith("auto_seg"):
+                    for part in np.array_split(x, int(mode.removeprefix("auto_seg"))):
+                        dist.all_reduce(part)
                 else:
                     algo = mode.removesuffix("_py")
                     dist.all_reduce(x, algorithm=None if algo in ("auto", "leaders") else algo)
@@ -184,6 +192,7 @@ def _rank(cfg: dict) -> None:
             walls = dist_max(dist, np, row["wall"])  # the slowest rank's, call by call
             med = {k: statistics.median(v) for k, v in row.items()}
             med["wall_slowest"] = statistics.median(walls)
+            med["wall_slowest_range"] = [min(walls), max(walls)]  # the spread over calls
             out[f"{nbytes}/{mode}"] = med
     # a file each: mpirun interleaves the ranks' stdout
     Path(cfg["outdir"], f"rank{rank}.json").write_text(json.dumps(out))
@@ -212,7 +221,7 @@ def _one_run(args: argparse.Namespace, per_host: int) -> dict:
     if why:
         raise SystemExit(f"xhost_phases: cannot run here: {why}")
     assert mpirun is not None
-    with nethosts.NetHosts(xh.HOSTS) as hosts:
+    with nethosts.NetHosts(xh.HOSTS, rate=args.rate) as hosts:
         workdir = xh.private_dir()
         agent, hostfile = xh.write_launch_files(workdir, hosts, per_host)
         cfg = {
@@ -245,9 +254,15 @@ def _one_run(args: argparse.Namespace, per_host: int) -> dict:
 
 
 def _print_run(run: dict, per_host: int) -> None:
-    print(f"\n2 hosts x {per_host} rank(s), load {run['load'][0]:.1f} -> {run['load'][1]:.1f}")
+    # idle: core-ms no process used over rank 0's wall (cores x wall - machine busy): the
+    # most that overlapping the phases (a pipeline) could put to work
+    cores = os.cpu_count() or 1
+    rate = f", links {run['rate']}" if run.get("rate") else ""
+    load = f"load {run['load'][0]:.1f} -> {run['load'][1]:.1f}"
+    print(f"\n2 hosts x {per_host} rank(s){rate}, {load}")
     print(f"{'size/mode':<22} {'phase':<16} {'wall ms':>9} {'cpu ms':>8} {'blocked':>8} "
-          f"{'no core':>8} {'csw':>6} {'machine':>8} {'softirq':>8} {'queued':>7}")  # fmt: skip
+          f"{'no core':>8} {'csw':>6} {'machine':>8} {'softirq':>8} {'queued':>7} "
+          f"{'idle':>6}")  # fmt: skip
     for key, cell in run["cells"].items():
         names = ["total"] + sorted({k.split(":")[0] for k in cell if ":" in k})
         for name in names:
@@ -255,11 +270,16 @@ def _print_run(run: dict, per_host: int) -> None:
             wall = cell["wall_slowest"] if name == "total" else cell[pre + "wall"]
             cpu, blocked = cell[pre + "cpu"], cell[pre + "blocked"]
             rest = max(0.0, cell[pre + "wall"] - cpu - blocked)
+            idle = max(0.0, cores * cell[pre + "wall"] - cell[pre + "machine_busy"])
+            spread = cell.get("wall_slowest_range") if name == "total" else None
+            if spread:  # the slowest rank's wall: fastest-slowest call
+                name = f"total {spread[0] * 1e3:.0f}-{spread[1] * 1e3:.0f}"
             print(f"{key:<22} {name:<16} {wall * 1e3:9.1f} {cpu * 1e3:8.1f} "
                   f"{blocked * 1e3:8.1f} {rest * 1e3:8.1f} {cell[pre + 'csw']:6.0f} "
                   f"{cell[pre + 'machine_busy'] * 1e3:8.0f} "
                   f"{cell[pre + 'machine_softirq'] * 1e3:8.0f} "
-                  f"{cell[pre + 'queued'] * 1e3:7.0f}")  # fmt: skip
+                  f"{cell[pre + 'queued'] * 1e3:7.0f} "
+                  f"{idle * 1e3:6.0f}")  # fmt: skip
     print("per rank, wall ms (blocked ms) of each phase:")
     for r, cells in sorted(run["ranks"].items()):
         parts = []
@@ -284,6 +304,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--modes", default="auto,leaders,ring,gloo")
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument(
+        "--rate",
+        help="shape every host's link (tools/nethosts.py), e.g. 1gbit: the link a "
+        "resource of its own, as between real hosts (unshaped, it is this machine's CPU)",
+    )
     ap.add_argument("--json", help="write every run's cells here")
     ap.add_argument(
         "--pin", action="store_true", help="pin rank r (all its threads) to core r mod cores"
@@ -302,6 +327,7 @@ def main(argv: list[str]) -> int:
         for per_host in [int(p) for p in args.per_host.split(",")]:
             run = _one_run(args, per_host)
             run["per_host"] = per_host
+            run["rate"] = args.rate
             _print_run(run, per_host)
             result["runs"].append(run)
     if args.json:
