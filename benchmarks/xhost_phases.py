@@ -24,7 +24,11 @@ ranks, a barrier before each call:
             compare the two call by call (without it both are the Python path);
   auto_seg4, auto_seg8
             auto on 4 (8) consecutive slices of the buffer, one call each: what splitting
-            a large call into segments run one after another costs or buys.
+            a large call into segments run one after another costs or buys;
+  auto_pipe2, auto_pipe4
+            a prototype of a pipelined hierarchy (2 hosts x 2 ranks, sizes divisible by
+            4 x segments; defined here only): 2 (4) segments, the in-host steps on a
+            helper thread while the cross-host steps of earlier segments run.
 
 Per call and rank: wall time, the process's CPU time (all its threads), the time it was
 blocked waiting for peers (select() and the arena's waits, as the timeline measures it:
@@ -44,6 +48,7 @@ with the load around it. PYCOLLECTIVE_* variables set here reach every rank.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import resource
@@ -52,6 +57,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -61,7 +67,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 MODES = (
     "auto", "leaders", "ring", "recursive_doubling", "halving_doubling", "gloo", "auto_py",
-    "ring_py", "auto_seg4", "auto_seg8",
+    "ring_py", "auto_seg4", "auto_seg8", "auto_pipe2", "auto_pipe4",
 )  # fmt: skip
 KEYS = ("wall", "cpu", "blocked", "csw", "machine_busy", "machine_softirq", "queued")
 
@@ -91,6 +97,7 @@ def _rank(cfg: dict) -> None:
         os.sched_setaffinity(0, {cpus[int(os.environ["OMPI_COMM_WORLD_RANK"]) % len(cpus)]})
     phases: dict[str, list[float]] = {}
     leaders = [False]
+    pipeline = [0]  # segments of the auto_pipe modes
 
     tick = os.sysconf("SC_CLK_TCK")
 
@@ -130,6 +137,9 @@ def _rank(cfg: dict) -> None:
     intra, cross, run = hier.Hierarchy._intra, hier.Hierarchy._cross, hier.Hierarchy.run
 
     def run_(self, arrays, dtype, kernel, header, deadline, label, transport, pool):
+        if pipeline[0]:
+            return pipelined(self, arrays["data"], dtype, kernel, header, deadline, label,
+                             transport, pool, pipeline[0])  # fmt: skip
         if not leaders[0]:
             return run(self, arrays, dtype, kernel, header, deadline, label, transport, pool)
         call = hier._Call(dtype, kernel, header, deadline, label, transport, pool)
@@ -139,6 +149,64 @@ def _rank(cfg: dict) -> None:
             self._run_leaders(arrays["data"], call)
         finally:
             self.cross = saved
+
+    def pipelined(self, data, dtype, kernel, header, deadline, label, transport, pool, segs):
+        """Prototype, measured here only: the call cut in `segs` segments, the in-host
+        steps on a helper thread (reduce-scatter of every segment, then each segment's
+        all-gather once its cross-host step is done) while this thread runs the cross-host
+        steps. The helper's arena polls no transport (the transport's progress engine is
+        this thread's): no abort notices nor lost peers reach it, the deadline does."""
+        L, H = len(self.intra), len(self.cross)
+        per = -(-data.size // segs)  # ceil
+        seg = -(-per // L) * L
+        parts = [data[i : i + seg] for i in range(0, data.size, seg)]
+        assert all(p.size % L == 0 for p in parts), "prototype: sizes divisible by L"
+        blocks = [np.empty(p.size // L, data.dtype) for p in parts]
+        arena = copy.copy(self.arena)
+        arena.transport = None
+        reduced = [threading.Event() for _ in parts]
+        crossed = [threading.Event() for _ in parts]
+        failed: list[BaseException] = []
+
+        def helper() -> None:
+            try:
+                for k, p in enumerate(parts):
+                    arena.run("reduce_scatter", {"input": p, "output": blocks[k]}, dtype,
+                              kernel, header, deadline, label)  # fmt: skip
+                    reduced[k].set()
+                for k, p in enumerate(parts):
+                    crossed[k].wait()
+                    if failed:
+                        return
+                    arena.run("all_gather", {"input": blocks[k], "output": p}, dtype,
+                              kernel, header, deadline, label)  # fmt: skip
+            except BaseException as exc:
+                failed.append(exc)
+                for e in reduced:
+                    e.set()
+
+        thread = threading.Thread(target=helper, daemon=True)
+        thread.start()
+        ranks = tuple(self.global_ranks[r] for r in self.cross)
+        try:
+            for k, b in enumerate(blocks):
+                reduced[k].wait()
+                if failed:
+                    break
+                algo = hier.flat_algorithm(H, b.size, dtype.itemsize, self.tuning.params("tcp"))
+                plan = hier._plan("all_reduce", algo, self.local_host, H, b.size, 1 + 3 * k)
+                executor.run_schedule(plan, {"data": b}, dtype, kernel, transport, ranks,
+                                      header, deadline, pool, label)  # fmt: skip
+                crossed[k].set()
+        except BaseException as exc:
+            failed.append(exc)
+            raise
+        finally:
+            for e in crossed:
+                e.set()
+            thread.join()
+        if failed:
+            raise failed[0]
 
     hier.Hierarchy._intra = lambda self, c, *a, **k: timed(c, intra, self, c, *a, **k)
     hier.Hierarchy._cross = lambda self, *a, **k: timed("cross", cross, self, *a, **k)
@@ -168,6 +236,7 @@ def _rank(cfg: dict) -> None:
         for _ in range(cfg["reps"]):
             for mode in cfg["modes"]:
                 leaders[0] = mode == "leaders"
+                pipeline[0] = int(mode.removeprefix("auto_pipe")) if "_pipe" in mode else 0
                 python_only[0] = mode.endswith("_py")
                 phases.clear()
                 dist.barrier()
@@ -179,12 +248,15 @@ def _rank(cfg: dict) -> None:
                         dist.all_reduce(part)
                 else:
                     algo = mode.removesuffix("_py")
+                    algo = "auto" if algo.startswith("auto_pipe") else algo
                     dist.all_reduce(x, algorithm=None if algo in ("auto", "leaders") else algo)
                 s1 = sample()
                 for key, v0, v1 in zip(KEYS, s0, s1, strict=True):
                     rows[mode].setdefault(key, []).append(v1 - v0)
                 for key, v in phases.items():
                     rows[mode].setdefault(key, []).append(sum(v))
+                if mode != "gloo" and not np.all(x == size):  # every mode's answer, untimed
+                    raise SystemExit(f"rank {rank}: {mode} gave a wrong sum")
                 x[:] = 1
                 if t is not None:
                     t.fill_(1)
