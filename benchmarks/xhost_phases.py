@@ -21,7 +21,14 @@ ranks, a barrier before each call:
             auto and ring with TCP reductions in Python (the window and numpy, the
             reference and the default) where auto and ring use the compiled
             read-and-reduce (csrc/sockio.c): run with PYCOLLECTIVE_TCP_NATIVE=1 to
-            compare the two call by call (without it both are the Python path).
+            compare the two call by call (without it both are the Python path);
+  auto_seg4, auto_seg8
+            auto on 4 (8) consecutive slices of the buffer, one call each: what splitting
+            a large call into segments run one after another costs or buys;
+  auto_pipe2, auto_pipe4
+            a prototype of a pipelined hierarchy (2 hosts x 2 ranks, sizes divisible by
+            4 x segments; defined here only): 2 (4) segments, the in-host steps on a
+            helper thread while the cross-host steps of earlier segments run.
 
 Per call and rank: wall time, the process's CPU time (all its threads), the time it was
 blocked waiting for peers (select() and the arena's waits, as the timeline measures it:
@@ -31,7 +38,9 @@ the wall after CPU and blocking is time spent runnable without a core. Beside th
 machine's busy and softirq CPU seconds over the call (/proc/stat, every process's: the
 other jobs' too), to see work done for the call outside its processes, and the seconds
 the rank's threads spent runnable on a run queue (schedstat, summed over its threads;
-unlike "blocked", also seen for gloo). Printed: medians
+unlike "blocked", also seen for gloo), and "idle": the core-ms no process used over rank
+0's wall of the phase (cores x wall - machine busy), the most a pipeline overlapping the
+phases could put to work on this machine. Printed: medians
 over calls of rank 0's numbers (the slowest rank's wall per call for the totals), each run
 with the load around it. PYCOLLECTIVE_* variables set here reach every rank.
 """
@@ -39,6 +48,7 @@ with the load around it. PYCOLLECTIVE_* variables set here reach every rank.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import resource
@@ -47,6 +57,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -56,7 +67,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 MODES = (
     "auto", "leaders", "ring", "recursive_doubling", "halving_doubling", "gloo", "auto_py",
-    "ring_py",
+    "ring_py", "auto_seg4", "auto_seg8", "auto_pipe2", "auto_pipe4",
 )  # fmt: skip
 KEYS = ("wall", "cpu", "blocked", "csw", "machine_busy", "machine_softirq", "queued")
 
@@ -86,6 +97,7 @@ def _rank(cfg: dict) -> None:
         os.sched_setaffinity(0, {cpus[int(os.environ["OMPI_COMM_WORLD_RANK"]) % len(cpus)]})
     phases: dict[str, list[float]] = {}
     leaders = [False]
+    pipeline = [0]  # segments of the auto_pipe modes
 
     tick = os.sysconf("SC_CLK_TCK")
 
@@ -125,6 +137,9 @@ def _rank(cfg: dict) -> None:
     intra, cross, run = hier.Hierarchy._intra, hier.Hierarchy._cross, hier.Hierarchy.run
 
     def run_(self, arrays, dtype, kernel, header, deadline, label, transport, pool):
+        if pipeline[0]:
+            return pipelined(self, arrays["data"], dtype, kernel, header, deadline, label,
+                             transport, pool, pipeline[0])  # fmt: skip
         if not leaders[0]:
             return run(self, arrays, dtype, kernel, header, deadline, label, transport, pool)
         call = hier._Call(dtype, kernel, header, deadline, label, transport, pool)
@@ -134,6 +149,64 @@ def _rank(cfg: dict) -> None:
             self._run_leaders(arrays["data"], call)
         finally:
             self.cross = saved
+
+    def pipelined(self, data, dtype, kernel, header, deadline, label, transport, pool, segs):
+        """Prototype, measured here only: the call cut in `segs` segments, the in-host
+        steps on a helper thread (reduce-scatter of every segment, then each segment's
+        all-gather once its cross-host step is done) while this thread runs the cross-host
+        steps. The helper's arena polls no transport (the transport's progress engine is
+        this thread's): no abort notices nor lost peers reach it, the deadline does."""
+        L, H = len(self.intra), len(self.cross)
+        per = -(-data.size // segs)  # ceil
+        seg = -(-per // L) * L
+        parts = [data[i : i + seg] for i in range(0, data.size, seg)]
+        assert all(p.size % L == 0 for p in parts), "prototype: sizes divisible by L"
+        blocks = [np.empty(p.size // L, data.dtype) for p in parts]
+        arena = copy.copy(self.arena)
+        arena.transport = None
+        reduced = [threading.Event() for _ in parts]
+        crossed = [threading.Event() for _ in parts]
+        failed: list[BaseException] = []
+
+        def helper() -> None:
+            try:
+                for k, p in enumerate(parts):
+                    arena.run("reduce_scatter", {"input": p, "output": blocks[k]}, dtype,
+                              kernel, header, deadline, label)  # fmt: skip
+                    reduced[k].set()
+                for k, p in enumerate(parts):
+                    crossed[k].wait()
+                    if failed:
+                        return
+                    arena.run("all_gather", {"input": blocks[k], "output": p}, dtype,
+                              kernel, header, deadline, label)  # fmt: skip
+            except BaseException as exc:
+                failed.append(exc)
+                for e in reduced:
+                    e.set()
+
+        thread = threading.Thread(target=helper, daemon=True)
+        thread.start()
+        ranks = tuple(self.global_ranks[r] for r in self.cross)
+        try:
+            for k, b in enumerate(blocks):
+                reduced[k].wait()
+                if failed:
+                    break
+                algo = hier.flat_algorithm(H, b.size, dtype.itemsize, self.tuning.params("tcp"))
+                plan = hier._plan("all_reduce", algo, self.local_host, H, b.size, 1 + 3 * k)
+                executor.run_schedule(plan, {"data": b}, dtype, kernel, transport, ranks,
+                                      header, deadline, pool, label)  # fmt: skip
+                crossed[k].set()
+        except BaseException as exc:
+            failed.append(exc)
+            raise
+        finally:
+            for e in crossed:
+                e.set()
+            thread.join()
+        if failed:
+            raise failed[0]
 
     hier.Hierarchy._intra = lambda self, c, *a, **k: timed(c, intra, self, c, *a, **k)
     hier.Hierarchy._cross = lambda self, *a, **k: timed("cross", cross, self, *a, **k)
@@ -163,20 +236,27 @@ def _rank(cfg: dict) -> None:
         for _ in range(cfg["reps"]):
             for mode in cfg["modes"]:
                 leaders[0] = mode == "leaders"
+                pipeline[0] = int(mode.removeprefix("auto_pipe")) if "_pipe" in mode else 0
                 python_only[0] = mode.endswith("_py")
                 phases.clear()
                 dist.barrier()
                 s0 = sample()
                 if mode == "gloo":
                     td.all_reduce(t)
+                elif mode.startswith("auto_seg"):
+                    for part in np.array_split(x, int(mode.removeprefix("auto_seg"))):
+                        dist.all_reduce(part)
                 else:
                     algo = mode.removesuffix("_py")
+                    algo = "auto" if algo.startswith("auto_pipe") else algo
                     dist.all_reduce(x, algorithm=None if algo in ("auto", "leaders") else algo)
                 s1 = sample()
                 for key, v0, v1 in zip(KEYS, s0, s1, strict=True):
                     rows[mode].setdefault(key, []).append(v1 - v0)
                 for key, v in phases.items():
                     rows[mode].setdefault(key, []).append(sum(v))
+                if mode != "gloo" and not np.all(x == size):  # every mode's answer, untimed
+                    raise SystemExit(f"rank {rank}: {mode} gave a wrong sum")
                 x[:] = 1
                 if t is not None:
                     t.fill_(1)
@@ -184,6 +264,7 @@ def _rank(cfg: dict) -> None:
             walls = dist_max(dist, np, row["wall"])  # the slowest rank's, call by call
             med = {k: statistics.median(v) for k, v in row.items()}
             med["wall_slowest"] = statistics.median(walls)
+            med["wall_slowest_range"] = [min(walls), max(walls)]  # the spread over calls
             out[f"{nbytes}/{mode}"] = med
     # a file each: mpirun interleaves the ranks' stdout
     Path(cfg["outdir"], f"rank{rank}.json").write_text(json.dumps(out))
@@ -212,7 +293,7 @@ def _one_run(args: argparse.Namespace, per_host: int) -> dict:
     if why:
         raise SystemExit(f"xhost_phases: cannot run here: {why}")
     assert mpirun is not None
-    with nethosts.NetHosts(xh.HOSTS) as hosts:
+    with nethosts.NetHosts(xh.HOSTS, rate=args.rate) as hosts:
         workdir = xh.private_dir()
         agent, hostfile = xh.write_launch_files(workdir, hosts, per_host)
         cfg = {
@@ -245,9 +326,15 @@ def _one_run(args: argparse.Namespace, per_host: int) -> dict:
 
 
 def _print_run(run: dict, per_host: int) -> None:
-    print(f"\n2 hosts x {per_host} rank(s), load {run['load'][0]:.1f} -> {run['load'][1]:.1f}")
+    # idle: core-ms no process used over rank 0's wall (cores x wall - machine busy): the
+    # most that overlapping the phases (a pipeline) could put to work
+    cores = os.cpu_count() or 1
+    rate = f", links {run['rate']}" if run.get("rate") else ""
+    load = f"load {run['load'][0]:.1f} -> {run['load'][1]:.1f}"
+    print(f"\n2 hosts x {per_host} rank(s){rate}, {load}")
     print(f"{'size/mode':<22} {'phase':<16} {'wall ms':>9} {'cpu ms':>8} {'blocked':>8} "
-          f"{'no core':>8} {'csw':>6} {'machine':>8} {'softirq':>8} {'queued':>7}")  # fmt: skip
+          f"{'no core':>8} {'csw':>6} {'machine':>8} {'softirq':>8} {'queued':>7} "
+          f"{'idle':>6}")  # fmt: skip
     for key, cell in run["cells"].items():
         names = ["total"] + sorted({k.split(":")[0] for k in cell if ":" in k})
         for name in names:
@@ -255,11 +342,16 @@ def _print_run(run: dict, per_host: int) -> None:
             wall = cell["wall_slowest"] if name == "total" else cell[pre + "wall"]
             cpu, blocked = cell[pre + "cpu"], cell[pre + "blocked"]
             rest = max(0.0, cell[pre + "wall"] - cpu - blocked)
+            idle = max(0.0, cores * cell[pre + "wall"] - cell[pre + "machine_busy"])
+            spread = cell.get("wall_slowest_range") if name == "total" else None
+            if spread:  # the slowest rank's wall: fastest-slowest call
+                name = f"total {spread[0] * 1e3:.0f}-{spread[1] * 1e3:.0f}"
             print(f"{key:<22} {name:<16} {wall * 1e3:9.1f} {cpu * 1e3:8.1f} "
                   f"{blocked * 1e3:8.1f} {rest * 1e3:8.1f} {cell[pre + 'csw']:6.0f} "
                   f"{cell[pre + 'machine_busy'] * 1e3:8.0f} "
                   f"{cell[pre + 'machine_softirq'] * 1e3:8.0f} "
-                  f"{cell[pre + 'queued'] * 1e3:7.0f}")  # fmt: skip
+                  f"{cell[pre + 'queued'] * 1e3:7.0f} "
+                  f"{idle * 1e3:6.0f}")  # fmt: skip
     print("per rank, wall ms (blocked ms) of each phase:")
     for r, cells in sorted(run["ranks"].items()):
         parts = []
@@ -284,6 +376,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--modes", default="auto,leaders,ring,gloo")
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument(
+        "--rate",
+        help="shape every host's link (tools/nethosts.py), e.g. 1gbit: the link a "
+        "resource of its own, as between real hosts (unshaped, it is this machine's CPU)",
+    )
     ap.add_argument("--json", help="write every run's cells here")
     ap.add_argument(
         "--pin", action="store_true", help="pin rank r (all its threads) to core r mod cores"
@@ -302,6 +399,7 @@ def main(argv: list[str]) -> int:
         for per_host in [int(p) for p in args.per_host.split(",")]:
             run = _one_run(args, per_host)
             run["per_host"] = per_host
+            run["rate"] = args.rate
             _print_run(run, per_host)
             result["runs"].append(run)
     if args.json:

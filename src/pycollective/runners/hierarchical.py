@@ -14,6 +14,11 @@ Only the cross-host step touches the network: every rank sends 2 (H-1)/H of n/L 
 there (H hosts, L ranks per host), so a host's link carries 2 (H-1)/H n bytes in all, as
 for one flat ring, in 2 (H-1) + 2 (L-1) rounds instead of 2 (HL-1).
 
+The steps run one after another, not pipelined by segments: on one machine's cores
+(namespace hosts) nothing is idle to overlap them into, and between real hosts a pipeline
+needs the in-host steps' waits to watch the transport from a second thread (measured and
+left open: docs/multihost.md, "Pipelining the hierarchy's steps").
+
 Hosts with unequal rank counts cannot pair blocks by local index; they run the leader
 variant instead: reduce to each host's first rank, all-reduce of the whole buffer among
 those leaders, broadcast inside each host (n bytes per host link each way, as above, but
