@@ -177,6 +177,8 @@ sanitize: setup
 
 lint: setup lint-c typecheck
 	$(VENV)/bin/ruff check .
+	# the code's layout too (not the docs' snippets, aligned by hand)
+	$(VENV)/bin/ruff format --check src tests benchmarks tools fuzz examples setup.py
 
 # The compiled core built with -Werror (setup.py's -Wall -Wextra -Wconversion) by gcc and
 # by clang, each into a temporary directory: the installed extension is not touched, and

@@ -185,8 +185,12 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=4)
     ap.add_argument("--batch", type=int, default=64, help="global batch per step")
     ap.add_argument("--steps", type=int, default=300, help="steps per mode")
-    ap.add_argument("--etcd-members", type=int, default=3,
-                    help="etcd members on loopback for the elastic_etcd mode (0: leave it out)")
+    ap.add_argument(
+        "--etcd-members",
+        type=int,
+        default=3,
+        help="etcd members on loopback for the elastic_etcd mode (0: leave it out)",
+    )
     ap.add_argument("--etcd", default="", help=argparse.SUPPRESS)  # the worker's endpoints
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument(

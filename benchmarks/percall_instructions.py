@@ -97,8 +97,9 @@ def run(extra: int, args: argparse.Namespace, out: Path) -> int:
     peer.wait(timeout=600)
     if done.returncode:
         raise SystemExit(f"rank 0 failed:\n{done.stderr[-3000:]}")
-    print("".join(line for line in done.stderr.splitlines(True) if "compiled calls" in line),
-          end="")
+    print(
+        "".join(line for line in done.stderr.splitlines(True) if "compiled calls" in line), end=""
+    )
     totals = re.search(r"^(?:summary|totals): (\d+)", out.read_text(), re.M)
     assert totals, f"no totals in {out}"
     return int(totals.group(1))

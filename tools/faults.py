@@ -428,9 +428,10 @@ def host_runs(kills_n: int, cuts: int, members: int, per_host: list[int], seed: 
         return {"ok": False, "problems": [f"cannot run: {why}"]}
     load = os.getloadavg()
     nethosts.cleanup()
-    with nethosts.NetHosts(len(per_host)) as hosts, _etcd.EtcdCluster(
-        3, hosts=hosts, on=[0, 1, 2]
-    ) as etcd:
+    with (
+        nethosts.NetHosts(len(per_host)) as hosts,
+        _etcd.EtcdCluster(3, hosts=hosts, on=[0, 1, 2]) as etcd,
+    ):
         out, extra = host_losses(hosts, etcd, kills_n, seed, per_host=per_host, cuts=cuts,
                                  member_losses=members, log=log,
                                  stderr_to=os.environ.get("FAULTS_HOSTS_STDERR"))  # fmt: skip

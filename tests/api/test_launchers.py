@@ -415,9 +415,7 @@ def test_srun_two_steps_at_once(job_env):
     # Two steps of one allocation run side by side (2 and 3 tasks); each finds its own rank 0.
     job = str(random.randrange(100000, 999999))
     steps = [
-        start_ranks(
-            [srun_vars(r, n, job, step) for r in range(n)], job_env, [str(BATTERY), *QUICK]
-        )
+        start_ranks([srun_vars(r, n, job, step) for r in range(n)], job_env, [str(BATTERY), *QUICK])
         for n, step in ((2, "0"), (3, "1"))
     ]
     for procs in steps:

@@ -96,7 +96,10 @@ def test_a_job_said_to_span_hosts_meeting_at_loopback_fails_at_once_on_every_ran
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-c", RANK_PROGRAM, which, url, str(rank)],
-                env=env_r, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env=env_r,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
             )  # fmt: skip
         )
     # the wall clock bounds only a hang here (two interpreters importing torch on a loaded

@@ -29,8 +29,12 @@ PROBE = (
 
 
 def _python(extension: Path, reports: Path, code: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SITE), str(REPO / "src")]),
-           "SANITIZE_NATIVE_EXTENSION": str(extension), "SANITIZE_REPORT_DIR": str(reports)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SITE), str(REPO / "src")]),
+        "SANITIZE_NATIVE_EXTENSION": str(extension),
+        "SANITIZE_REPORT_DIR": str(reports),
+    }
     env.pop("PYCOLLECTIVE_NATIVE", None)
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=60)  # fmt: skip

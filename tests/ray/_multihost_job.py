@@ -34,9 +34,7 @@ cloudpickle.register_pickle_by_value(_train)
 
 
 def pair() -> list:
-    members = [
-        _actors.Member.options(resources={f"host{k}": 1}).remote(k) for k in range(2)
-    ]
+    members = [_actors.Member.options(resources={f"host{k}": 1}).remote(k) for k in range(2)]
     ray.get([m.setup.remote("default", 2, backend="gloo") for m in members])
     ray.get([m.setup.remote("pc", 2) for m in members])
     return members
@@ -61,10 +59,14 @@ def checks(out: dict) -> None:
         ray.kill(m)
     with tempfile.TemporaryDirectory(prefix="pcr-train-") as storage:
         out["train"] = {
-            f"{backend}/{init}": _train.fit(backend, init, steps=5, width=32, storage=storage,
-                                            spread=True)  # fmt: skip
-            for backend, init in (("pycollective", "env"), ("pycollective", "tcp"),
-                                  ("gloo", "env"))  # fmt: skip
+            f"{backend}/{init}": _train.fit(
+                backend, init, steps=5, width=32, storage=storage, spread=True
+            )  # fmt: skip
+            for backend, init in (
+                ("pycollective", "env"),
+                ("pycollective", "tcp"),
+                ("gloo", "env"),
+            )  # fmt: skip
         }
 
 

@@ -48,9 +48,7 @@ def roundtrip() -> None:
 
 def unencodable() -> None:
     objs = [object()] if RANK == 1 else [None]
-    attempt(
-        "broadcast", lambda: dist.broadcast_object_list(objs, src=1), dist.CollectiveError
-    )
+    attempt("broadcast", lambda: dist.broadcast_object_list(objs, src=1), dist.CollectiveError)
 
 
 def main() -> None:

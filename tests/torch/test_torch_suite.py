@@ -49,7 +49,6 @@ def test_every_exclusion_and_subset_entry_names_a_real_test() -> None:
     assert len(torch_suite.SUBSET) >= 40
 
 
-
 def _polls_then_waits() -> float:
     time.sleep(0.1)  # a poll
     time.sleep(0.25)  # a test's own wait

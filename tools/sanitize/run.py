@@ -41,8 +41,10 @@ SYMBOLIZER = HERE / "bin" / "llvm-symbolizer"
 # C core (the others repeat the same C at other sizes; `make test` runs them all). Under a
 # sanitizer every rank starts 3-5x slower, so this is what fits in about five minutes for
 # both on an idle 2-core machine (README "Tests" has the timings).
-ARENA = ("tests/native/test_native_arena.py::"
-         "test_compiled_arena_matches_the_reference_and_the_python_arena")
+ARENA = (
+    "tests/native/test_native_arena.py::"
+    "test_compiled_arena_matches_the_reference_and_the_python_arena"
+)
 FAST = "tests/native/test_fast_path.py::"
 SHM = "tests/shm/test_shm_jobs.py::"
 BOTH = (
@@ -112,8 +114,12 @@ SANITIZERS = {
         # CFLAGS (setup.py's base) carry -fwrapv, so signed overflow is defined here as in
         # the shipped build and not reported; the rest of "undefined" is. clang ignores
         # the kernels' `#pragma GCC target("arch=...")`: their C is checked, not their ISA.
-        flags=("-fsanitize=address,undefined,float-cast-overflow",
-               "-fno-sanitize-recover=all", "-shared-libsan", *DEBUG),  # fmt: skip
+        flags=(
+            "-fsanitize=address,undefined,float-cast-overflow",
+            "-fno-sanitize-recover=all",
+            "-shared-libsan",
+            *DEBUG,
+        ),  # fmt: skip
         runtime="libclang_rt.asan-x86_64.so",
         env={
             # Leaks are not checked: CPython keeps its own allocations to the end by design
@@ -126,8 +132,10 @@ SANITIZERS = {
             # Python buffer by the C code then lands in ASan's redzone.
             "PYTHONMALLOC": "malloc",
         },
-        canaries=(("canary_heap_overflow", 8, "heap-buffer-overflow"),
-                  ("canary_shift", 40, "shift exponent 40 is too large")),  # fmt: skip
+        canaries=(
+            ("canary_heap_overflow", 8, "heap-buffer-overflow"),
+            ("canary_shift", 40, "shift exponent 40 is too large"),
+        ),  # fmt: skip
         tests=BOTH + ASAN_ONLY,
     ),
     # gcc: clang 14's TSan runtime crashes at start preloaded into CPython; gcc 12's runs.
@@ -206,9 +214,12 @@ def build(s: Sanitizer, where: Path) -> Path:
 def environment(s: Sanitizer, extension: Path, reports: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update({k: v.format(reports=reports, symbolizer=SYMBOLIZER) for k, v in s.env.items()})
-    real = shutil.which("llvm-symbolizer") or subprocess.run(
-        ["clang", "-print-prog-name=llvm-symbolizer"], capture_output=True, text=True
-    ).stdout.strip()
+    real = (
+        shutil.which("llvm-symbolizer")
+        or subprocess.run(
+            ["clang", "-print-prog-name=llvm-symbolizer"], capture_output=True, text=True
+        ).stdout.strip()
+    )
     env["SANITIZE_SYMBOLIZER"] = real
     env["LD_PRELOAD"] = runtime_path(s)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE), env.get("PYTHONPATH")]))
@@ -297,8 +308,10 @@ def main() -> int:
     t0 = time.monotonic()
     results = {n: run(SANITIZERS[n], a.tests, shlex.split(a.pytest_args))
                for n in names}  # fmt: skip
-    log(f"done in {time.monotonic() - t0:.0f} s (load {os.getloadavg()[0]:.1f}): "
-        + ", ".join(f"{n} {'passed' if ok else 'FAILED'}" for n, ok in results.items()))
+    log(
+        f"done in {time.monotonic() - t0:.0f} s (load {os.getloadavg()[0]:.1f}): "
+        + ", ".join(f"{n} {'passed' if ok else 'FAILED'}" for n, ok in results.items())
+    )
     return 0 if all(results.values()) else 1
 
 

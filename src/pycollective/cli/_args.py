@@ -14,7 +14,5 @@ def seconds(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: a finite number of seconds >= 0 is needed"
-        )
+        raise argparse.ArgumentTypeError(f"{text!r}: a finite number of seconds >= 0 is needed")
     return value

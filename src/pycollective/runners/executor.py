@@ -233,9 +233,7 @@ def run_schedule(
                 red = _Reduction(bufs[r.buf][r.lo : r.hi], temp[:0], kernel, itemsize, True)
                 dest = memoryview(raw[r.buf][r.lo * itemsize : r.hi * itemsize])  # type: ignore[arg-type]  # (*)
                 recvs.append(
-                    InMessage(
-                        ranks[r.peer], expect, dest, sink=red.sink, align=itemsize, fold=fold
-                    )
+                    InMessage(ranks[r.peer], expect, dest, sink=red.sink, align=itemsize, fold=fold)
                 )
             elif r.via_temp:
                 tmp = temp[r.temp_lo : r.temp_lo + r.hi - r.lo]

@@ -24,7 +24,7 @@ class Endpoint:
 
 
 def parse_endpoints(text: str | Sequence[str], *, tls: bool = False) -> list[Endpoint]:
-    """"h1:2379,h2:2379" or ["https://h1:2379", ...] -> endpoints (port 2379 if omitted)."""
+    """ "h1:2379,h2:2379" or ["https://h1:2379", ...] -> endpoints (port 2379 if omitted)."""
     items = text.split(",") if isinstance(text, str) else list(text)
     out = []
     for raw in items:

@@ -509,7 +509,7 @@ def auth_from_env() -> EtcdAuth:
 
 
 def parse_url(url: str) -> tuple[str, str]:
-    """"etcd://h1:2379,h2:2379/job" -> ("h1:2379,h2:2379", "job"); "etcds://" is TLS."""
+    """ "etcd://h1:2379,h2:2379/job" -> ("h1:2379,h2:2379", "job"); "etcds://" is TLS."""
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in ("etcd", "etcds"):
         raise UsageError(f"{url!r} is not an etcd URL (etcd://HOST:PORT[,HOST:PORT...]/JOB)")
