@@ -5,31 +5,6 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
-/* dst += src for the common gradients (float32, float64 sums): one pass, the destination
- * written as it is read; the kernels' block accumulator (made for m inputs) costs a second
- * pass over L1 that two inputs do not need. The same bits: one IEEE addition an item, FMA
- * contraction off in the build. */
-typedef float f32_any __attribute__((aligned(1))); /* a numpy view may start anywhere */
-typedef double f64_any __attribute__((aligned(1)));
-
-static void add_f32(void *out, const void *const *src, int m, size_t n, int64_t avg)
-{
-    (void)m, (void)avg;
-    f32_any *d = out;
-    const f32_any *s = src[1];
-    for (size_t i = 0; i < n; i++)
-        d[i] += s[i];
-}
-
-static void add_f64(void *out, const void *const *src, int m, size_t n, int64_t avg)
-{
-    (void)m, (void)avg;
-    f64_any *d = out;
-    const f64_any *s = src[1];
-    for (size_t i = 0; i < n; i++)
-        d[i] += s[i];
-}
-
 int pyc_recv_reduce(int fd, char *dst, size_t dst_len, char *scratch, size_t scratch_len,
                     size_t *have, pyc_kernel kernel, size_t itemsize, size_t budget,
                     size_t *nread, size_t *reduced)
@@ -91,8 +66,6 @@ PyObject *pyc_mod_recv_reduce(PyObject *Py_UNUSED(m), PyObject *const *args, Py_
         return NULL;
     size_t isz = (size_t)pyc_itemsize(dtype);
     pyc_kernel k = (isz && op >= 0 && op < OP_COUNT) ? kset->table[dtype][op] : NULL;
-    if (k && op == OP_SUM && (dtype == DT_F32 || dtype == DT_F64))
-        k = dtype == DT_F32 ? add_f32 : add_f64; /* dst is src[0]: dst += src[1] */
     if (!k || op == OP_AVG) {
         PyErr_Format(PyExc_ValueError, "recv_reduce: no kernel for op %d on dtype code %d",
                      op, dtype);
