@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from ._dtypes import BFLOAT16, DType
+from ._dtypes import BFLOAT16, BY_CODE, DType
 from ._errors import UsageError
 
 
@@ -132,6 +133,24 @@ def fold_codes(op: int, dtype: DType) -> tuple[int, int] | None:
     if dtype.kind == "c" and op == ReduceOp.PRODUCT:
         return None
     return int(op), dtype.code
+
+
+def kernel_code_differences(ext: Any) -> list[str]:
+    """Where pycollective._native numbers ops or sizes dtypes unlike this module and
+    _dtypes (its OP_CODE and ITEMSIZE tables): Python is the definition, and a build from
+    other sources would combine with the wrong kernel. Every compiled reduction's check
+    (shm/native.py's whole contract, tcp/folding.py's recv_reduce)."""
+    tables: list[tuple[str, dict[Any, Any], dict[Any, Any]]] = [
+        ("op ", {op.name: int(op) for op in ReduceOp}, getattr(ext, "OP_CODE", {})),
+        ("itemsize of dtype code ", {d.code: d.itemsize for d in BY_CODE.values()},
+         getattr(ext, "ITEMSIZE", {})),
+    ]  # fmt: skip
+    return [
+        f"{what}{key}: {theirs.get(key)} in C, {mine.get(key)} in Python"
+        for what, mine, theirs in tables
+        for key in sorted(set(mine) | set(theirs), key=str)
+        if mine.get(key) != theirs.get(key)
+    ]
 
 
 def finish_average(data: np.ndarray, dtype: DType, divisor: int) -> None:

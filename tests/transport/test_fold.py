@@ -227,6 +227,25 @@ def test_the_switches_turn_it_on_and_off(monkeypatch) -> None:
         folding.native_fold()
 
 
+def test_a_build_numbering_ops_otherwise_is_not_used(monkeypatch) -> None:
+    """An extension from other sources (an op code or an itemsize unlike ours) would
+    combine with the wrong kernel: folding refuses it, with the same check as the arena."""
+    from pycollective import _native
+
+    class Foreign:
+        recv_reduce = _native.recv_reduce
+        OP_CODE = dict(_native.OP_CODE)
+        ITEMSIZE = dict(_native.ITEMSIZE)
+
+    monkeypatch.setattr(folding, "_native", Foreign)
+    assert folding.compiled() is recv_reduce  # as built: the same tables
+    Foreign.OP_CODE = dict(_native.OP_CODE, SUM=_native.OP_CODE["MAX"])
+    assert folding.compiled() is None
+    Foreign.OP_CODE = dict(_native.OP_CODE)
+    Foreign.ITEMSIZE = {code: size * 2 for code, size in _native.ITEMSIZE.items()}
+    assert folding.compiled() is None
+
+
 @pytest.mark.timeout(200)
 def test_a_tcp_job_with_it_on_gives_every_algorithms_results() -> None:
     """Three processes over TCP with PYCOLLECTIVE_TCP_NATIVE=1: every all_reduce

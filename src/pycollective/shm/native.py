@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import _callstate, _config, _dtypes, _load
+from .. import _callstate, _config, _load
 from .._errors import TransportError
-from .._reduce_ops import ReduceOp
+from .._reduce_ops import kernel_code_differences
 from . import arena as _arena
 from . import collectives as _coll
 from .arena import NBUF, Arena, layout
@@ -125,20 +125,19 @@ def contract_differences(ext: Any, kind_code: Mapping[str, int] | None = None) -
         "VIEWS": VIEWS,
         "FAILED": FAILED,
     }
-    tables: list[tuple[str, dict[Any, Any], dict[Any, Any]]] = [
-        ("", want, ext.CONSTANTS),
-        ("op ", {op.name: int(op) for op in ReduceOp}, ext.OP_CODE),
-        ("itemsize of dtype code ", {d.code: d.itemsize for d in _dtypes.BY_CODE.values()},
-         ext.ITEMSIZE),
-    ]  # fmt: skip
+    tables: list[tuple[str, dict[Any, Any], dict[Any, Any]]] = [("", want, ext.CONSTANTS)]
     if kind_code is not None:
         tables.append(("code of ", {k: kind_code.get(k) for k in ext.KIND_CODE}, ext.KIND_CODE))
-    return [
-        f"{what}{key}: {theirs.get(key)} in C, {mine.get(key)} in Python"
-        for what, mine, theirs in tables
-        for key in sorted(set(mine) | set(theirs), key=str)
-        if mine.get(key) != theirs.get(key)
-    ] + _callstate.differences(ext)
+    return (
+        [
+            f"{what}{key}: {theirs.get(key)} in C, {mine.get(key)} in Python"
+            for what, mine, theirs in tables
+            for key in sorted(set(mine) | set(theirs), key=str)
+            if mine.get(key) != theirs.get(key)
+        ]
+        + kernel_code_differences(ext)
+        + _callstate.differences(ext)
+    )
 
 
 if _native is not None and (_differences := contract_differences(_native)):

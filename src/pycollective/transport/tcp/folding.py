@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ... import _config
-from ..._dtypes import BY_CODE
-from ..._reduce_ops import ReduceOp
+from ..._reduce_ops import kernel_code_differences
 
 try:
     from ... import _native
@@ -29,14 +28,7 @@ RecvReduce = Callable[[int, memoryview, memoryview, int, int, int, int], tuple[i
 def _agrees(native: object) -> bool:
     """Whether the extension has recv_reduce and numbers ops and dtypes as we do (an old
     or foreign build would combine with the wrong kernel)."""
-    ops = getattr(native, "OP_CODE", None)
-    sizes = getattr(native, "ITEMSIZE", None)
-    return (
-        hasattr(native, "recv_reduce")
-        and ops == {op.name: op.value for op in ReduceOp}
-        and isinstance(sizes, dict)
-        and all(sizes.get(code) == d.itemsize for code, d in BY_CODE.items() if code in sizes)
-    )
+    return hasattr(native, "recv_reduce") and not kernel_code_differences(native)
 
 
 def compiled() -> RecvReduce | None:
