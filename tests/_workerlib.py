@@ -69,6 +69,7 @@ def wait_for(name: str, ranks: Iterable[int], timeout: float = 60.0) -> None:
     until its peers have given up on it waits for exactly that, instead of a nap that has
     to outlast their timeout on a loaded machine (and costs its length on an idle one).
     Raises TimeoutError after `timeout` seconds (a peer that died before marking)."""
+    ranks = list(ranks)  # read twice: for the paths and for the error
     paths = [os.path.join(os.environ[MARKS], f"{name}.{r}") for r in ranks]
     deadline = time.monotonic() + timeout
     while not all(os.path.exists(p) for p in paths):

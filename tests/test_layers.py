@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -154,17 +155,20 @@ def _type_checking(node: ast.AST) -> bool:
     )
 
 
+def module_assignments(tree: ast.Module) -> Iterator[tuple[ast.stmt, list[ast.expr], ast.expr]]:
+    """(statement, targets, value) of every module-level assignment with a value."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            yield node, node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            yield node, [node.target], node.value
+
+
 def lazy_table(tree: ast.Module) -> list[tuple[str, int]]:
     """(module, line) of every entry of the module-level `_LAZY` table ("module" or
     "module:attribute"): the imports pycollective._lazy makes on first use."""
     found = []
-    for node in tree.body:
-        if isinstance(node, ast.Assign):
-            targets, value = node.targets, node.value
-        elif isinstance(node, ast.AnnAssign) and node.value is not None:
-            targets, value = [node.target], node.value
-        else:
-            continue
+    for node, targets, value in module_assignments(tree):
         if not any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in targets):
             continue
         assert isinstance(value, ast.Dict), f"line {node.lineno}: _LAZY must be a dict literal"
@@ -352,14 +356,7 @@ def _state_names(module: str, path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), str(path))
     state: set[str] = set()
     bound: dict[str, str] = {}  # name -> "container" | "object"
-    for node in tree.body:
-        targets = []
-        if isinstance(node, ast.Assign):
-            targets, value = node.targets, node.value
-        elif isinstance(node, ast.AnnAssign) and node.value is not None:
-            targets, value = [node.target], node.value
-        else:
-            continue
+    for _node, targets, value in module_assignments(tree):
         kind = None
         if isinstance(value, (ast.Dict, ast.List, ast.Set)):
             kind = "container"

@@ -35,18 +35,25 @@ def _job(nprocs: int, *args: str, env: dict[str, str] | None = None, timeout: fl
     return results
 
 
+def _compiled_and_reference(nprocs: int, scenario: str) -> tuple[list, list]:
+    """The scenario's job compiled (every repeated call on the compiled path) and on the
+    Python arena (the reference): every rank succeeded, and all results' digests agree."""
+    compiled = _job(nprocs, scenario, env=ALWAYS)
+    python = _job(nprocs, scenario, env={"PYCOLLECTIVE_NATIVE": "0"})
+    for r in compiled + python:
+        assert r.returncode == 0, describe(r)
+    digests = {d for r in compiled + python for d in tagged(r, "DIGEST")}
+    assert len(digests) == 1, [describe(r) for r in compiled + python]
+    return compiled, python
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_repeated_calls_give_the_python_references_bits(nprocs: int) -> None:
     # ALWAYS: every repeated call compiled however slow the machine (a sanitizer's build, a
     # loaded runner), so that the count below does not depend on its speed (at the default
     # recheck, only 249 calls per rank took it under ASan at load 13, against > 300 here).
-    compiled = _job(nprocs, "bits", env=ALWAYS)
-    python = _job(nprocs, "bits", env={"PYCOLLECTIVE_NATIVE": "0"})
-    for r in compiled + python:
-        assert r.returncode == 0, describe(r)
-    digests = {d for r in compiled + python for d in tagged(r, "DIGEST")}
-    assert len(digests) == 1, [describe(r) for r in compiled + python]
+    compiled, python = _compiled_and_reference(nprocs, "bits")
     for c, p in zip(compiled, python, strict=True):  # each rank's own results
         assert tagged(c, "OWN") == tagged(p, "OWN") and len(tagged(c, "OWN")) == 1, describe(c)
     for r in compiled:
@@ -145,12 +152,7 @@ def test_repeated_large_all_reduces_go_by_single_copy_with_the_references_bits(
     """all_reduce above the small calls (single copy) is repeated compiled, with the Python
     arena's bits; on a shared buffer (`pycollective.empty`) of the same signature the
     compiled path declines, so the peers still learn that it is shared."""
-    compiled = _job(nprocs, "large", env=ALWAYS)
-    python = _job(nprocs, "large", env={"PYCOLLECTIVE_NATIVE": "0"})
-    for r in compiled + python:
-        assert r.returncode == 0, describe(r)
-    digests = {d for r in compiled + python for d in tagged(r, "DIGEST")}
-    assert len(digests) == 1, [describe(r) for r in compiled + python]
+    compiled, _python = _compiled_and_reference(nprocs, "large")
     for r in compiled:
         (fast,) = tagged(r, "FAST")
         assert fast["calls"] >= 9, describe(r)  # of 12: all but the first of each op
