@@ -8,6 +8,10 @@ raise on every rank as on the regular path."""
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+
 import pytest
 from tests._launch import REPO, describe, run_ranks, tagged
 
@@ -44,6 +48,21 @@ def test_repeated_calls_give_the_regular_paths_bits(scenario: str) -> None:
         assert sum(tagged(r, "FAST")[0]["handed"] for r in fast) >= 2, describe(fast[0])
 
 
+@pytest.mark.timeout(120)
+def test_repeated_large_calls_read_straight_into_place_with_the_regular_paths_bits() -> None:
+    """all_reduce of 1.2 MiB (over the read buffer: the payload is read into the swap's
+    destination, the send's rest written in between), SUM, MAX and AVG taking turns
+    (AVG is never a swap: its division follows the call)."""
+    fast = _job("large")
+    regular = _job("large", env=OFF)
+    for f, p in zip(fast, regular, strict=True):
+        assert f.returncode == 0 and p.returncode == 0, (describe(f), describe(p))
+        assert tagged(f, "DIGEST") == tagged(p, "DIGEST"), (describe(f), describe(p))
+        # SUM and MAX three times each after their first call, twice more on a new array
+        assert tagged(f, "FAST")[0]["calls"] == 8, describe(f)
+        assert tagged(p, "FAST") == [None], describe(p)
+
+
 @pytest.mark.timeout(60)
 def test_the_flight_recorder_shows_repeated_calls_as_regular_ones() -> None:
     fast = _job("flight")
@@ -73,8 +92,11 @@ def test_a_count_mismatch_after_repeated_calls_raises_on_both_ranks() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_a_peer_killed_while_the_other_waits_in_a_repeated_call_is_named_at_once() -> None:
-    results = _job("kill", "1", env={"PYCOLLECTIVE_TIMEOUT": "60"})
+@pytest.mark.parametrize("collective", ["all_reduce", "all_reduce_large"])
+def test_a_peer_killed_while_the_other_waits_in_a_repeated_call_is_named_at_once(
+    collective: str,
+) -> None:
+    results = _job("kill", "1", collective, env={"PYCOLLECTIVE_TIMEOUT": "60"})
     killed_at = tagged(results[1], "RESULT")[0]["at"]
     assert results[1].returncode == -9, describe(results[1])
     r = results[0]
@@ -205,5 +227,174 @@ def test_a_swap_declines_what_it_does_not_expect_untouched() -> None:
     t0.interrupt("stop")
     assert not t0.swap_ready(1, h)
     assert t0.swap(1, h, memoryview(b"x" * 8), memoryview(bytearray(8))) == tt.SWAP_DECLINED
+    t0.close()
+    t1.close()
+
+
+# ------------------------------------------------ a swap larger than the read buffer
+# (its header read into the read buffer, its payload straight into the destination)
+
+LARGE_SWAP = 200_000  # over the 64 KiB read buffer, under the socket pair's buffers
+
+
+def _pattern(n: int, seed: int) -> bytes:
+    return bytes((i * 7 + seed) % 251 for i in range(256)) * (n // 256) + bytes(n % 256)
+
+
+def _drain(sock, n: int, into: bytearray) -> threading.Thread:
+    """A thread reading `n` bytes of `sock` into `into` (the other side's whole frame)."""
+
+    def run() -> None:
+        got = 0
+        view = memoryview(into)
+        while got < n:
+            try:
+                k = sock.recv_into(view[got:])
+            except OSError:  # the test closed it
+                return
+            if not k:
+                return
+            got += k
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+@pytest.mark.timeout(30)
+def test_two_large_swaps_meet_whole() -> None:
+    from pycollective.transport.tcp import transport as tt  # noqa: PLC0415
+
+    t0, t1, _, _ = _transports()
+    n = 1 << 20  # more than the socket pair's buffers: both sends go on during the reads
+    h = _data_header(0, n)
+    mine, theirs = _pattern(n, 1), _pattern(n, 2)
+    got0, got1 = bytearray(n), bytearray(n)
+
+    def side(t, payload: bytes, into: bytearray) -> None:
+        if t.swap(1 - t.rank, h, memoryview(payload), memoryview(into)) != tt.SWAP_DONE:
+            t.swap_finish(time.monotonic() + 10)
+
+    peer = threading.Thread(target=side, args=(t1, theirs, got1))
+    peer.start()
+    side(t0, mine, got0)
+    peer.join()
+    assert bytes(got0) == theirs and bytes(got1) == mine
+    for t in (t0, t1):
+        assert t.swap_ready(1 - t.rank, _data_header(1, n))  # nothing left behind
+        t.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_large_swap_part_way_in_is_read_on_the_regular_way() -> None:
+    from pycollective.transport import _wire  # noqa: PLC0415
+    from pycollective.transport.tcp import transport as tt  # noqa: PLC0415
+
+    t0, t1, _, b = _transports()
+    b.setblocking(True)  # rank 1's side written and read raw here
+    n, half = LARGE_SWAP, LARGE_SWAP // 2
+    h = _data_header(0, n)
+    theirs = _pattern(n, 3)
+    frame = h.pack() + theirs
+    b.sendall(frame[: _wire.SIZE + half])  # the header and half the payload, then a pause
+    seen = bytearray(_wire.SIZE + n)
+    reader = _drain(b, len(seen), seen)
+    got = bytearray(n)
+    assert t0.swap(1, h, memoryview(_pattern(n, 4)), memoryview(got)) == tt.SWAP_PENDING
+    conn = t0._conns[1]
+    assert conn.cur == h and conn.got == half  # the connection's current read, part way
+    threading.Timer(0.2, b.sendall, (frame[_wire.SIZE + half :],)).start()
+    t0.swap_finish(time.monotonic() + 10)
+    reader.join()
+    assert bytes(got) == theirs and bytes(seen) == h.pack() + _pattern(n, 4)
+    assert t0.swap_ready(1, _data_header(1, n))
+    t0.close()
+    t1.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_peer_lost_in_the_middle_of_a_large_swap_is_named() -> None:
+    from pycollective._errors import TransportError  # noqa: PLC0415
+    from pycollective.transport import _wire  # noqa: PLC0415
+    from pycollective.transport.tcp import transport as tt  # noqa: PLC0415
+
+    t0, t1, _, b = _transports()
+    b.setblocking(True)  # rank 1's side written and read raw here
+    n = LARGE_SWAP
+    h = _data_header(0, n)
+    b.sendall((h.pack() + _pattern(n, 5))[: _wire.SIZE + n // 3])
+    seen = bytearray(_wire.SIZE + n)
+    reader = _drain(b, len(seen), seen)
+    got = bytearray(n)
+    assert t0.swap(1, h, memoryview(_pattern(n, 6)), memoryview(got)) == tt.SWAP_PENDING
+    b.shutdown(socket.SHUT_RDWR)  # the peer goes, a third of its payload sent
+    reader.join()
+    b.close()
+    started = time.monotonic()
+    with pytest.raises(TransportError, match="rank 1") as err:
+        t0.swap_finish(time.monotonic() + 10)
+    assert "closed by peer" in str(err.value)
+    assert time.monotonic() - started < 5
+    t0.close()
+    t1.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_large_swap_behind_another_frame_reads_both_in_order() -> None:
+    from pycollective.transport._base import InMessage  # noqa: PLC0415
+    from pycollective.transport.tcp import transport as tt  # noqa: PLC0415
+
+    t0, t1, _, b = _transports()
+    b.setblocking(True)  # rank 1's side written and read raw here
+    n = LARGE_SWAP
+    h, p2p = _data_header(0, n), _p2p_header(5, 4)
+    theirs = _pattern(n, 7)
+    b.sendall(p2p.pack() + b"abcd")  # a point-to-point message comes first
+    writer = threading.Thread(target=b.sendall, args=(h.pack() + theirs,))
+    writer.start()
+    seen = bytearray(len(h.pack()) + n)
+    reader = _drain(b, len(seen), seen)
+    got = bytearray(n)
+    assert t0.swap(1, h, memoryview(_pattern(n, 8)), memoryview(got)) == tt.SWAP_PENDING
+    deadline = time.monotonic() + 10
+    t0.swap_finish(deadline)
+    writer.join()
+    reader.join()
+    assert bytes(got) == theirs
+    into = bytearray(4)
+    t0.exchange([], [InMessage(1, p2p, memoryview(into))], deadline, 0)
+    assert bytes(into) == b"abcd"
+    t0.close()
+    t1.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_large_frame_come_early_is_taken_from_where_it_was_kept() -> None:
+    from pycollective.transport._base import InMessage  # noqa: PLC0415
+    from pycollective.transport.tcp import transport as tt  # noqa: PLC0415
+
+    t0, t1, _, b = _transports()
+    b.setblocking(True)  # rank 1's side written and read raw here
+    n = LARGE_SWAP
+    h = _data_header(0, n)
+    theirs = _pattern(n, 9)
+    writer = threading.Thread(target=b.sendall, args=(h.pack() + theirs,))
+    writer.start()
+    deadline = time.monotonic() + 10
+    while not t0._unexpected and time.monotonic() < deadline:
+        t0.check_group(77)  # reads it: kept early, whole
+    writer.join()
+    b.setblocking(False)  # rank 1's transport reads the rest
+    assert t0.swap_ready(1, h)
+    got1 = bytearray(n)
+    peer = threading.Thread(
+        target=t1.exchange, args=([], [InMessage(0, h, memoryview(got1))], deadline, 77)
+    )
+    peer.start()
+    got = bytearray(n)
+    if t0.swap(1, h, memoryview(_pattern(n, 10)), memoryview(got)) != tt.SWAP_DONE:
+        t0.swap_finish(deadline)  # (its send may not have gone at once)
+    peer.join()
+    assert bytes(got) == theirs and bytes(got1) == _pattern(n, 10)
     t0.close()
     t1.close()

@@ -11,6 +11,7 @@ from typing import Any
 
 from .. import schedule
 from ..schedule.cost import CostParams
+from ..transport.tcp.swap import SWAP_MAX_BYTES
 from ..tuning.params import CHAIN_SEGMENT_BYTES
 from . import swap as _swap
 from ._base import BaseRunner, Call, Members, Need, Spec
@@ -90,8 +91,9 @@ class ScheduledRunner(BaseRunner):
 
     # The group's path of repeated calls (core/group.py `fast`, runners/swap.py): calls
     # that are one swap with the one peer of a transport that can (TCPTransport.swap),
-    # at most this large.
-    FAST_BYTES = 16 * 1024
+    # at most this large (the transport's bound: a destination this large is kept per
+    # call signature).
+    FAST_BYTES = SWAP_MAX_BYTES
 
     def compiled(self, plan: Plan, arrays: dict) -> _swap.SwapPlan | None:
         """What repeats a call of this signature that just ran, or None."""

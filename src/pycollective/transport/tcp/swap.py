@@ -1,6 +1,8 @@
-"""The repeated small swap (runners/swap.py): one frame each way with the only peer,
-without the queues, the poller or a message object, handed to the regular machinery
-(progress.py) the moment anything is not plain."""
+"""The repeated swap (runners/swap.py): one frame each way with the only peer, without
+the queues, the poller or a message object, handed to the regular machinery (progress.py)
+the moment anything is not plain. A frame that fits the connection's read buffer is read
+there whole; a larger one (up to SWAP_MAX_BYTES) has its header read there and its payload
+straight into the destination, the send's rest written in between."""
 
 from __future__ import annotations
 
@@ -12,9 +14,17 @@ from .. import _wire
 from .._base import InMessage, OutMessage
 from .._wire import Header
 from .conn import RBUF_BYTES as _RBUF_BYTES
+from .conn import Conn
 from .progress import SPIN_MAX, Progress
+from .stash import Stash
 
 SWAP_DONE, SWAP_PENDING, SWAP_DECLINED = 0, 1, -1  # what TCPTransport.swap returns
+# The largest payload a swap takes: the caller keeps a destination this large per call
+# signature (runners/swap.py), and beyond a few MiB the ring, not one swap, is the schedule.
+SWAP_MAX_BYTES = 4 << 20
+# A large swap goes on while bytes move each way within the polling budget, but hands
+# over to the regular loop (its deadline, probes, helpers) after this long in all.
+SWAP_HOLD_SECONDS = 0.05
 
 
 class Swapping(Progress):
@@ -62,6 +72,8 @@ class Swapping(Progress):
         except CollectiveError as exc:  # a probe kept for this call disagrees
             self._swap = (exc, header, (), (), False)
             return SWAP_PENDING
+        if nbytes > _RBUF_BYTES - _wire.SIZE:
+            return self._swap_large(conn, header, head, payload, into, early)
         sock = conn.sock
         total = _wire.SIZE + nbytes
         try:
@@ -136,6 +148,117 @@ class Swapping(Progress):
         self._swap = (None, header, (out,), (m,), spun)
         return SWAP_PENDING
 
+    def _swap_large(
+        self,
+        conn: Conn,
+        header: Header,
+        head: bytes,
+        payload: memoryview,
+        into: memoryview,
+        early: Stash | None,
+    ) -> int:
+        """`swap` of a payload larger than the read buffer: the frame's header is read
+        into the read buffer (exactly its bytes, so nothing behind it is read), the
+        payload straight into `into`, and the send's rest written in between, while
+        bytes move within the polling budget. Whatever is left is handed to the regular
+        machinery in its own terms: the send's rest queued, a payload part way in as the
+        connection's current receive (as an adopted early message), anything else in
+        the read buffer with the receive posted."""
+        peer, nbytes = conn.peer, header.nbytes
+        sock = conn.sock
+        total = _wire.SIZE + nbytes
+        out = OutMessage(peer, header, payload)
+        m = InMessage(peer, header, into)
+        sent = 0
+        if early is not None:  # the peer's frame came whole already
+            early.copy_into(into)
+            early.release()
+            m.done = True
+            got = nbytes
+        else:
+            got = -1  # payload bytes in `into`; -1 until the header is in and is ours
+        buf = conn.rbuf
+        raw = buf.obj  # the bytearray: startswith compares at C speed
+        conn.rpos = conn.rend = end = 0
+        spin = self._spin
+        start = time.monotonic()
+        until = start + spin
+        spun = False
+        while conn.lost is None:
+            moved = False
+            if sent < total:
+                try:
+                    if sent < _wire.SIZE:
+                        n = sock.sendmsg([memoryview(head)[sent:], payload])
+                    else:
+                        n = sock.send(payload[sent - _wire.SIZE :])
+                except (BlockingIOError, InterruptedError):
+                    n = 0
+                except OSError as exc:
+                    self._lose(conn, f"send failed: {exc.strerror or exc}")
+                    break
+                sent += n
+                moved = n > 0
+            if got < nbytes:
+                try:
+                    if got < 0:
+                        n = sock.recv_into(buf[end : _wire.SIZE])
+                    else:
+                        n = sock.recv_into(into[got:])
+                except (BlockingIOError, InterruptedError):
+                    n = -1
+                except OSError as exc:
+                    self._lose(conn, f"connection error: {exc.strerror or exc}")
+                    break
+                if n == 0:
+                    self._lose(conn, "connection closed by peer (process exited or crashed?)")
+                    break
+                if n > 0:
+                    moved = True
+                    if got >= 0:
+                        got += n
+                    else:
+                        end += n
+                        if end == _wire.SIZE:
+                            if not raw.startswith(head):
+                                break  # another frame first: the regular way reads it
+                            end = got = 0
+            if sent == total and got == nbytes:
+                break
+            now = time.monotonic()
+            if moved:
+                if now - start < SWAP_HOLD_SECONDS:
+                    until = now + spin
+                    continue
+                break
+            if not spin or self._interrupted is not None:
+                break
+            if now >= until:
+                spun = True
+                break
+        if sent == total:
+            out.done = True
+        elif conn.lost is None:  # the rest goes the regular way
+            conn.outq.append(out)
+            conn.out_hdr = head
+            conn.out_sent = sent
+            self._sel.modify(sock, conn, True)
+            conn.writing = True
+        if got == nbytes:
+            m.done = True
+            conn.last = header
+            if out.done:
+                if spin:
+                    self._spin = min(2 * spin, SPIN_MAX)
+                return SWAP_DONE
+        elif got >= 0 and conn.lost is None:  # part way in: the connection's current read
+            conn.cur = conn.last = header
+            self._target(conn, m, nbytes, got)
+        else:
+            conn.rend = end  # a header's start, or another frame's: read the regular way
+        self._swap = (None, header, (out,), (m,), spun)
+        return SWAP_PENDING
+
     def swap_ready(self, peer: int, header: Header) -> bool:
         """Whether `swap` would take this swap with `peer` now (see there)."""
         unexpected = self._unexpected
@@ -160,7 +283,7 @@ class Swapping(Progress):
             or self._interrupted is not None
             or self._closed
             or self._swap is not None
-            or header.nbytes > _RBUF_BYTES - _wire.SIZE
+            or header.nbytes > SWAP_MAX_BYTES
             or _WAIT.on
         )
 
@@ -178,7 +301,7 @@ class Swapping(Progress):
         try:
             self._calls.active = group
             for m in recvs:
-                if not m.done:
+                if not m.done and conn.target is not m:  # (a large swap's, mid-payload)
                     self._post(m)
             if conn.lost is None and conn.rend > conn.rpos:
                 self._read(conn)  # what the swap read and did not take
