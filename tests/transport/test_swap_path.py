@@ -398,3 +398,111 @@ def test_a_large_frame_come_early_is_taken_from_where_it_was_kept() -> None:
     assert bytes(got) == theirs and bytes(got1) == _pattern(n, 10)
     t0.close()
     t1.close()
+
+
+# ------------------------------------------------ plans of steps (runners/swap.py)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_the_ring_of_two_is_two_swaps_the_second_in_place(rank: int) -> None:
+    import numpy as np  # noqa: PLC0415
+
+    from pycollective.runners import swap  # noqa: PLC0415
+    from pycollective.runners.executor import make_plan  # noqa: PLC0415
+    from pycollective.schedule import build  # noqa: PLC0415
+
+    data = np.zeros(10, np.float32)
+    plan = swap.swap_plan(
+        make_plan(build("all_reduce", "ring", rank, 2, 10)), {"data": data}, (5, 9)
+    )
+    assert plan is not None and plan.peer == (9, 5)[rank]
+    (t0, s0lo, s0hi, r0lo, r0hi, red0), (t1, s1lo, s1hi, r1lo, r1hi, red1) = plan.steps
+    assert red0 and not red1 and t0 != t1
+    # reduce-scatter: send the peer's half, combine ours; all-gather: send ours, take theirs
+    theirs, ours = (s0lo, s0hi), (r0lo, r0hi)
+    assert {theirs, ours} == {(0, 20), (20, 40)}
+    assert (s1lo, s1hi) == ours and (r1lo, r1hi) == theirs
+    one = swap.swap_plan(
+        make_plan(build("all_reduce", "recursive_doubling", rank, 2, 10)), {"data": data}, (5, 9)
+    )
+    assert one is not None and len(one.steps) == 1 and one.steps[0][1:] == (0, 40, 0, 40, True)
+
+
+@pytest.mark.parametrize(
+    "algorithm,nprocs,count", [("ring", 2, 9), ("ring", 3, 12), ("tree", 2, 8)]
+)
+def test_what_is_not_equal_swaps_with_one_peer_has_no_swap_plan(
+    algorithm: str, nprocs: int, count: int
+) -> None:
+    import numpy as np  # noqa: PLC0415
+
+    from pycollective.runners import swap  # noqa: PLC0415
+    from pycollective.runners.executor import make_plan  # noqa: PLC0415
+    from pycollective.schedule import build  # noqa: PLC0415
+
+    # (9 items: halves of 4 and 5, whose headers would differ; 3 ranks: two peers; a
+    # tree: a send one way, then a receive)
+    plan = make_plan(build("all_reduce", algorithm, 0, nprocs, count))
+    data = np.zeros(count, np.float32)
+    assert swap.swap_plan(plan, {"data": data}, tuple(range(nprocs))) is None
+
+
+RING = {"PYCOLLECTIVE_ALL_REDUCE_ALGORITHM": "ring"}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("scenario", ["bits", "mixed"])
+def test_repeated_calls_of_two_swaps_give_the_regular_paths_bits(scenario: str) -> None:
+    """The ring at p=2: a reduce-scatter swap, then an all-gather swap received in place;
+    `mixed` hands calls over part way (a late rank, frames between calls)."""
+    fast = _job(scenario, env=RING)
+    regular = _job(scenario, env={**OFF, **RING})
+    for f, p in zip(fast, regular, strict=True):
+        assert f.returncode == 0 and p.returncode == 0, (describe(f), describe(p))
+        assert tagged(f, "DIGEST") == tagged(p, "DIGEST"), (describe(f), describe(p))
+        assert tagged(f, "FAST")[0]["calls"] > 10, describe(f)
+    if scenario == "mixed":  # the late rank's partner waited past the budget: handed over
+        assert sum(tagged(r, "FAST")[0]["handed"] for r in fast) >= 2, describe(fast[0])
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_killed_during_repeated_calls_of_two_swaps_is_named_at_once() -> None:
+    results = _job("kill", "1", env={**RING, "PYCOLLECTIVE_TIMEOUT": "60"})
+    killed_at = tagged(results[1], "RESULT")[0]["at"]
+    r = results[0]
+    (call,) = tagged(r, "RESULT")
+    assert call["error"] == "TransportError" and "rank 1" in call["msg"], describe(r)
+    assert call["at"] - killed_at < 0.1, (call["at"] - killed_at, describe(r))
+    before, after = tagged(r, "FAST")
+    assert after["handed"] == before["handed"] + 1, describe(r)
+
+
+@pytest.mark.parametrize(
+    "count,world,ring",
+    [
+        (1 << 18, 2, True),  # 1 MiB of float32: the ring's two swaps
+        (1 << 20, 2, True),  # 4 MiB: still repeated as swaps (2 MiB halves)
+        (1 << 18 | 1, 2, False),  # halves unequal: no swaps; the cost model's choice
+        (1 << 16, 2, False),  # 256 KiB: one swap of the whole
+        (1 << 18, 3, False),  # the transport has another peer: no swaps
+    ],
+)
+def test_two_ranks_that_swap_take_the_ring_from_a_mebibyte(
+    count: int, world: int, ring: bool
+) -> None:
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from pycollective import _dtypes  # noqa: PLC0415
+    from pycollective.runners._base import Spec  # noqa: PLC0415
+    from pycollective.runners.scheduled import ScheduledRunner  # noqa: PLC0415
+    from pycollective.tuning.params import Tuning  # noqa: PLC0415
+
+    transport = SimpleNamespace(size=world, swap=None)
+    members = SimpleNamespace(size=2, transport=transport, tuning=Tuning(), transport_name="tcp")
+    runner = ScheduledRunner(members)  # type: ignore[arg-type]
+    spec = Spec("all_reduce", count, _dtypes.BY_NAME["float32"], 0, 0)
+    chosen = runner.choose(spec)
+    if ring:
+        assert chosen == "ring"
+    else:  # the cost model's choice (the regular path's price of a round)
+        assert chosen == ("ring" if count * 4 >= 4 << 20 else "recursive_doubling")

@@ -42,6 +42,13 @@ class ScheduledRunner(BaseRunner):
         if len(names) == 1:
             return names[0]
         m = self.members
+        if (
+            spec.collective == "all_reduce"
+            and spec.count % 2 == 0
+            and self.SWAP_RING_BYTES <= spec.count * spec.dtype.itemsize <= SWAP_MAX_BYTES
+            and self._swaps()
+        ):
+            return "ring"
         # The job's parameters (rank 0's: the same on every rank), with the group's CPU share.
         params = m.tuning.group_params(m.transport_name, m.size)
         best = _select(
@@ -94,13 +101,25 @@ class ScheduledRunner(BaseRunner):
     # at most this large (the transport's bound: a destination this large is kept per
     # call signature).
     FAST_BYTES = SWAP_MAX_BYTES
+    # From this size a two-rank all_reduce over a transport that swaps is the ring (two
+    # swaps of halves: half the reduction, the second half received in place), not
+    # recursive doubling (one swap of the whole), whatever the cost model's round price:
+    # that is the regular path's (alpha), and a repeated swap costs a tenth of it.
+    # Measured on loopback, repeated calls, ring against recursive doubling: 512 KiB
+    # 234 / 234 us, 1 MiB 430 / 505 us, 2 MiB 926 / 965 us (docs/tcp.md).
+    SWAP_RING_BYTES = 1 << 20
+
+    def _swaps(self) -> bool:
+        """Whether the group's calls can repeat as swaps: two ranks, and the group's peer
+        the transport's only one (see TCPTransport.swap). The same on every rank."""
+        m = self.members
+        transport = m.transport
+        return m.size == 2 and getattr(transport, "size", 0) == 2 and hasattr(transport, "swap")
 
     def compiled(self, plan: Plan, arrays: dict) -> _swap.SwapPlan | None:
         """What repeats a call of this signature that just ran, or None."""
         m = self.members
-        transport = m.transport
-        # (the group's peer the transport's only one: see TCPTransport.swap)
-        if m.size != 2 or getattr(transport, "size", 0) != 2 or not hasattr(transport, "swap"):
+        if not self._swaps():
             return None
         data = arrays.get("data")
         if data is None or data.nbytes > self.FAST_BYTES:

@@ -28,45 +28,66 @@ from typing import Any
 
 import numpy as np
 
+from ..transport._base import InMessage, OutMessage
 from ..transport._wire import Header
-from ..transport.tcp.transport import SWAP_DONE  # what TCPTransport.swap returns
+from ..transport.tcp.transport import SWAP_DONE, SWAP_PENDING  # what TCPTransport.swap returns
 
 _new_header = tuple.__new__  # Header from a tuple, without NamedTuple's argument handling
 MAX_SIGS = 16  # signatures remembered (the oldest is replaced)
 
 
 class SwapPlan:
-    """What repeats a call whose schedule is one swap: the peer (global rank), the tag."""
+    """What repeats a call whose schedule is swaps with one peer: the peer (global rank)
+    and the steps, in order, each (tag, send lo, send hi, receive lo, receive hi, reduce)
+    in bytes of the `data` buffer; a reducing step receives into the same range of a
+    temporary, then combines it into `data`, a plain one receives into `data` itself."""
 
-    __slots__ = ("peer", "tag")
+    __slots__ = ("peer", "steps")
 
-    def __init__(self, peer: int, tag: int) -> None:
+    def __init__(self, peer: int, steps: tuple[tuple[int, int, int, int, int, bool], ...]) -> None:
         self.peer = peer
-        self.tag = tag
+        self.steps = steps
+
+
+# Steps a swap plan may have: recursive doubling at p=2 is one, the ring (reduce-scatter,
+# then all-gather: half the reduction, and the second half received in place) two.
+MAX_STEPS = 2
 
 
 def swap_plan(plan: Any, arrays: dict[str, np.ndarray], ranks: tuple[int, ...]) -> SwapPlan | None:
-    """The SwapPlan of an executor Plan that is one swap of the whole `data` buffer with a
-    reduction, else None."""
+    """The SwapPlan of an executor Plan whose rounds are each one swap of equal sizes
+    with the same peer in the `data` buffer (a reducing receive, or a plain one clear of
+    that round's send), else None."""
     data = arrays.get("data")
-    if data is None or len(plan.rounds) != 1 or plan.scratch:
+    if data is None or not 0 < len(plan.rounds) <= MAX_STEPS or plan.scratch:
         return None
-    rnd = plan.rounds[0]
-    if rnd.copies or len(rnd.sends) != 1 or len(rnd.recvs) != 1:
+    itemsize = data.itemsize
+    peers = set()
+    steps = []
+    for rnd in plan.rounds:
+        if rnd.copies or len(rnd.sends) != 1 or len(rnd.recvs) != 1:
+            return None
+        s, r = rnd.sends[0], rnd.recvs[0]
+        if (
+            s.peer != r.peer
+            or s.tag != r.tag
+            or s.buf != "data"
+            or r.buf != "data"
+            or s.hi - s.lo != r.hi - r.lo  # both sides send alike: one header both ways
+            or (not r.reduce and (r.via_temp or (s.lo < r.hi and r.lo < s.hi)))
+        ):
+            return None
+        peers.add(s.peer)
+        steps.append((s.tag, s.lo * itemsize, s.hi * itemsize, r.lo * itemsize, r.hi * itemsize,
+                      bool(r.reduce)))  # fmt: skip
+    if len(peers) != 1:
         return None
-    s, r = rnd.sends[0], rnd.recvs[0]
-    whole = (0, data.size)
-    if (
-        s.peer != r.peer
-        or s.tag != r.tag
-        or s.buf != "data"
-        or r.buf != "data"
-        or not r.reduce
-        or (s.lo, s.hi) != whole
-        or (r.lo, r.hi) != whole
-    ):
-        return None
-    return SwapPlan(ranks[s.peer], s.tag)
+    return SwapPlan(ranks[peers.pop()], tuple(steps))
+
+
+# A step of a _Sig: tag, header tail, send bytes lo, hi, receive bytes lo, hi, and for a
+# reducing one the items it combines (lo, hi)
+_Step = tuple[int, tuple[int, ...], int, int, int, int, "tuple[int, int] | None"]
 
 
 class _Sig:
@@ -76,7 +97,7 @@ class _Sig:
 
     __slots__ = (
         "type", "key", "dtype", "shape", "nbytes", "peer", "head", "tail", "kernel",
-        "into", "tmp", "prepared", "fields", "tag",
+        "into", "tmp", "prepared", "fields", "tag", "steps",
     )  # fmt: skip
     type: type
     key: Any  # the op object as the caller passed it
@@ -92,16 +113,24 @@ class _Sig:
     prepared: Any
     fields: tuple[Any, ...]
     tag: int
+    # None for the one swap of the whole buffer; else every step's (tag, header tail,
+    # send bytes lo, hi, receive bytes lo, hi, reduce: its items lo, hi, else None)
+    steps: (
+        tuple[tuple[int, tuple[int, ...], int, int, int, int, tuple[int, int] | None], ...] | None
+    )
 
 
 class _Resume:
-    """A call handed to the group's `finish`: what `resume` needs to go on."""
+    """A call handed to the group's `finish`: what `resume` needs to go on (a plan of
+    steps: the step it stopped at, and whether that step's swap is pending)."""
 
-    __slots__ = ("sig", "obj")
+    __slots__ = ("sig", "obj", "step", "pending")
 
-    def __init__(self, sig: _Sig, obj: np.ndarray) -> None:
+    def __init__(self, sig: _Sig, obj: np.ndarray, step: int = 0, pending: bool = True) -> None:
         self.sig = sig
         self.obj = obj
+        self.step = step
+        self.pending = pending
 
 
 class SwapFast:
@@ -157,7 +186,19 @@ class SwapFast:
             entry.group, entry.group_name, entry.kind, entry.count, entry.dtype,
             entry.algorithm, entry.op, entry.root, entry.detail,
         )  # fmt: skip
-        g.tag = plan.tag
+        whole = (0, obj.nbytes, 0, obj.nbytes, True)
+        if len(plan.steps) == 1 and plan.steps[0][1:] == whole:
+            g.tag = plan.steps[0][0]
+            g.steps = None
+        else:
+            g.tag = -1
+            isz = obj.itemsize
+            root, count = prepared.tail[:2]
+            g.steps = tuple(
+                (tag, (root, count, shi - slo), slo, shi, rlo, rhi,
+                 (rlo // isz, rhi // isz) if reduce else None)
+                for tag, slo, shi, rlo, rhi, reduce in plan.steps
+            )  # fmt: skip
         sigs = self._sigs
         for i, s in enumerate(sigs):
             if s.key is key and s.dtype == g.dtype and s.shape == g.shape:
@@ -193,7 +234,11 @@ class SwapFast:
             if es.running or es.queue or es.stopped or es.deferred:
                 return False
             seq = gs.seq
-            header = _new_header(Header, g.head + (seq, g.tag) + g.tail)
+            if g.steps is None:
+                header = _new_header(Header, g.head + (seq, g.tag) + g.tail)
+            else:
+                first = g.steps[0]
+                header = _new_header(Header, g.head + (seq, first[0]) + first[1])
             if not transport.swap_ready(g.peer, header):
                 return False
             gs.seq = seq + 1
@@ -205,9 +250,16 @@ class SwapFast:
                 entry = None
             started = entry.start() if entry is not None else time.monotonic()
             # (bytes: a partial send goes on from a byte offset, queued as any payload)
-            rc = transport.swap(g.peer, header, memoryview(obj).cast("B"), g.into, True)  # type: ignore[arg-type]  # numpy types __buffer__ for 3.12+
+            raw = memoryview(obj).cast("B")  # type: ignore[arg-type]  # numpy types __buffer__ for 3.12+
+            if g.steps is None:
+                rc = transport.swap(g.peer, header, raw, g.into, True)
+                step, pending = 0, True
+                if rc == SWAP_DONE:
+                    g.kernel(obj, g.tmp)
+            else:
+                step, pending = _run_steps(transport, g, obj, raw, seq, 0)
+                rc = SWAP_DONE if step == len(g.steps) else -1
             if rc == SWAP_DONE:
-                g.kernel(obj, g.tmp)
                 if entry is not None:
                     entry.end()
                 self.calls += 1
@@ -219,7 +271,7 @@ class SwapFast:
         finally:
             lock.release()
         self.handed += 1
-        self.finish(g.prepared, seq, entry, _Resume(g, obj), started)
+        self.finish(g.prepared, seq, entry, _Resume(g, obj, step, pending), started)
         self.calls += 1
         return True
 
@@ -239,8 +291,54 @@ class SwapFast:
         return False
 
 
+def _run_steps(
+    transport: Any, g: _Sig, obj: np.ndarray, raw: memoryview, seq: int, start: int
+) -> tuple[int, bool]:
+    """Swap `g`'s steps from `start` on, each combined before the next: (steps done,
+    whether the swap of the one it stopped at is pending; else it was declined)."""
+    steps = g.steps
+    assert steps is not None  # noqa: S101 - only for plans of steps
+    flat = obj.reshape(-1)
+    tmp = g.tmp.reshape(-1)
+    for i in range(start, len(steps)):
+        tag, tail, slo, shi, rlo, rhi, items = steps[i]
+        header = _new_header(Header, g.head + (seq, tag) + tail)
+        into = g.into[rlo:rhi] if items is not None else raw[rlo:rhi]
+        rc = transport.swap(g.peer, header, raw[slo:shi], into, i == start == 0)
+        if rc != SWAP_DONE:
+            return i, rc == SWAP_PENDING
+        if items is not None:
+            g.kernel(flat[items[0] : items[1]], tmp[items[0] : items[1]])
+    return len(steps), False
+
+
 def resume(transport: Any, call: Any, status: _Resume) -> None:
     """Go on with a swap the fast path handed over (the engine is this thread's)."""
-    transport.swap_finish(call.deadline, call.label)
     g = status.sig
-    g.kernel(status.obj, g.tmp)
+    steps = g.steps
+    if steps is None:
+        transport.swap_finish(call.deadline, call.label)
+        g.kernel(status.obj, g.tmp)
+        return
+    obj = status.obj
+    raw = memoryview(obj).cast("B")  # type: ignore[arg-type]  # numpy types __buffer__ for 3.12+
+    flat, tmp = obj.reshape(-1), g.tmp.reshape(-1)
+    seq = call.header.seq
+    i, pending = status.step, status.pending
+    while i < len(steps):
+        tag, tail, slo, shi, rlo, rhi, items = steps[i]
+        if pending:
+            transport.swap_finish(call.deadline, call.label)
+        else:  # declined: the regular exchange (whatever made the swap decline, it reads)
+            header = _new_header(Header, g.head + (seq, tag) + tail)
+            into = g.into[rlo:rhi] if items is not None else raw[rlo:rhi]
+            transport.exchange(
+                [OutMessage(g.peer, header, raw[slo:shi])],
+                [InMessage(g.peer, header, into)],
+                call.deadline,
+                header.group,
+                call.label,
+            )
+        if items is not None:
+            g.kernel(flat[items[0] : items[1]], tmp[items[0] : items[1]])
+        i, pending = _run_steps(transport, g, obj, raw, seq, i + 1)
