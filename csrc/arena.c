@@ -454,6 +454,54 @@ static int run_pipeline(ArenaObject *a, call_t *c, int64_t end)
     return ST_DONE;
 }
 
+/* ---- all_gather by single copy: every rank reads each peer's input straight into its
+ * own output (peermem.c), no slot in between ----
+ *
+ * Phase 0 announces every rank's input (ADDR). Then each rank copies its own input into
+ * its block of the output and reads every peer's input into that peer's block: per byte
+ * one copy across processes, where the slots take two (into the slot, out of it). Only
+ * reads: a peer's memory is never written. The last phase carries every rank's error
+ * word, as run_single's does, so every rank returns DONE or every rank fails, and no rank
+ * lets its input go while a peer may still read it. */
+static int run_single_gather(ArenaObject *a, call_t *c, int64_t end)
+{
+    const int p = a->size, r = a->rank;
+    const size_t block = (size_t)c->n * c->plan.itemsize;
+    switch (c->pc) {
+    case 0:
+        c->target = pyc_bump(a);
+        WAIT_FOR(c->target);
+        nogil(a);
+        c->err = 0;
+        if (c->out + (size_t)r * block != c->in)
+            memmove(c->out + (size_t)r * block, c->in, block);
+        for (int q = 0; q < p && !c->err; q++) {
+            if (q == r)
+                continue;
+            const uint64_t addr = (uint64_t)ld(word(a, q, ADDR));
+            c->err = addr ? pyc_peer_read((pid_t)a->pids[q], c->out + (size_t)q * block, addr, block)
+                          : EINVAL;
+            c->err_peer = q;
+        }
+        st(word(a, r, SC_ERR), c->err);
+        c->target = pyc_bump(a);
+        WAIT_FOR(c->target);
+        if (!c->err) {
+            for (int q = 0; q < p; q++) {
+                int64_t e = q == r ? 0 : ld(word(a, q, SC_ERR));
+                if (e) {
+                    c->err = e > 0 && e < 4096 ? (int)e : EIO; /* a peer's word: data */
+                    c->err_peer = q;
+                    break;
+                }
+            }
+        }
+        if (c->err)
+            return ST_FAILED;
+    }
+    return ST_DONE;
+}
+
 static int run_barrier(ArenaObject *a, call_t *c, int64_t end)
 {
     switch (c->pc) {
@@ -479,7 +527,7 @@ int pyc_step(ArenaObject *a, int64_t budget_ns)
         rc = run_barrier(a, c, end);
         break;
     default:
-        rc = run_pipeline(a, c, end);
+        rc = c->single ? run_single_gather(a, c, end) : run_pipeline(a, c, end);
     }
     if (a->ts) {
         PyEval_RestoreThread(a->ts);
@@ -507,9 +555,12 @@ void pyc_start_call(ArenaObject *a, const PlanObject *plan, char *in, char *out,
     /* Single copy: the group's threshold and the count are every rank's alike, so every
      * rank decides alike; peers read ADDR only after this call's first phase. */
     const size_t bytes = (size_t)n * plan->itemsize;
-    int single = plan->coll == C_ALL_REDUCE && a->size > 1 && a->single_bytes > 0 && a->tmp &&
-                 bytes >= (size_t)a->single_bytes && bytes > (size_t)a->small_bytes;
-    st(&blk[ADDR], single ? (int64_t)(uintptr_t)out : 0);
+    int single = (plan->coll == C_ALL_REDUCE || plan->coll == C_ALL_GATHER) && a->size > 1 &&
+                 a->single_bytes > 0 && a->tmp && bytes >= (size_t)a->single_bytes &&
+                 bytes > (size_t)a->small_bytes;
+    /* all_reduce's peers read and write its buffer, all_gather's read its input */
+    char *announced = plan->coll == C_ALL_GATHER ? in : out;
+    st(&blk[ADDR], single ? (int64_t)(uintptr_t)announced : 0);
     st(&blk[SEQ], seq + 1);
 
     for (int i = 0; i < 3; i++)

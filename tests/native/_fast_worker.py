@@ -421,14 +421,39 @@ def large() -> None:
     fast_counts()
 
 
-def unreachable() -> None:
+def large_gather() -> None:
+    """Repeated all_gather_into_tensor of large blocks by single copy (new data each time,
+    out of place, then in place: the input a block of the output), every result
+    digested."""
+    h = hashlib.sha256()
+    out = np.empty(LARGE * P, np.float32)
+    inp = np.empty(LARGE, np.float32)
+    for rep in range(8):
+        inp[:] = data(_dtypes.BY_NAME["float32"], LARGE, _seed(RANK, rep, "gather"))
+        out[:] = -1
+        dist.all_gather_into_tensor(out, inp)
+        h.update(out.tobytes())
+        mine = out[RANK * LARGE : (RANK + 1) * LARGE]
+        mine[:] = inp + 1
+        dist.all_gather_into_tensor(out, mine)
+        h.update(out.tobytes())
+    print("DIGEST " + h.hexdigest(), flush=True)
+    fast_counts()
+
+
+def unreachable(collective: str = "all_reduce") -> None:
     """Repeated all_reduces by single copy, then every rank's single copy is pointed at a
     process that is gone: the next call fails its copies, and every rank raises."""
     import subprocess
 
     big = np.ones(LARGE, np.float32)
+    gathered = np.ones(LARGE * P, np.float32)
+    call = {
+        "all_reduce": lambda: dist.all_reduce(big),
+        "all_gather": lambda: dist.all_gather_into_tensor(gathered, big),
+    }[collective]
     for _ in range(3):
-        dist.all_reduce(big)
+        call()
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # reaped: its pid names no process (until the system reuses it)
     runner = dist.group.WORLD._fast_runner
@@ -439,7 +464,7 @@ def unreachable() -> None:
         _coll.SMALL_BYTES + 1, _shm_native.SINGLE_COPY_PIECE_BYTES, [gone.pid] * P
     )
     fast_counts()
-    attempt("call", lambda: dist.all_reduce(big))
+    attempt("call", call)
     fast_counts()
 
 
@@ -482,7 +507,8 @@ def main() -> None:
         "mixed": mixed,
         "repeat": lambda: repeat(int(args[0])),
         "large": large,
-        "unreachable": unreachable,
+        "large_gather": large_gather,
+        "unreachable": lambda: unreachable(*args),
     }[scenario]()
     if scenario not in ("kill", "never", "mismatch", "unreachable"):
         dist.destroy_process_group()

@@ -159,14 +159,29 @@ def test_repeated_large_all_reduces_go_by_single_copy_with_the_references_bits(
         assert tagged(r, "LARGE") == [{"shared_compiled": 0}], describe(r)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("nprocs", [2, 3])
-def test_a_compiled_single_copy_that_fails_raises_on_every_rank(nprocs: int) -> None:
-    results = _job(nprocs, "unreachable", env={**ALWAYS, "PYCOLLECTIVE_TIMEOUT": "30"})
+def test_repeated_large_all_gathers_go_by_single_copy_with_the_references_bits(
+    nprocs: int,
+) -> None:
+    compiled, _python = _compiled_and_reference(nprocs, "large_gather")
+    for r in compiled:
+        (fast,) = tagged(r, "FAST")
+        assert fast["calls"] >= 14, describe(r)  # of 16: all but the first of each form
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "nprocs,collective", [(2, "all_reduce"), (3, "all_reduce"), (2, "all_gather")]
+)
+def test_a_compiled_single_copy_that_fails_raises_on_every_rank(
+    nprocs: int, collective: str
+) -> None:
+    results = _job(nprocs, "unreachable", collective, env={**ALWAYS, "PYCOLLECTIVE_TIMEOUT": "30"})
     for r in results:
         (call,) = tagged(r, "RESULT")
         assert call["error"] == "TransportError", describe(r)
-        assert "single-copy all_reduce" in call["msg"] and "ESRCH" in call["msg"], describe(r)
+        assert f"single-copy {collective}" in call["msg"] and "ESRCH" in call["msg"], describe(r)
         before, after = tagged(r, "FAST")
         assert after["handed"] == before["handed"] + 1, describe(r)  # it was a compiled call
 

@@ -1,5 +1,6 @@
-"""The compiled arena's single-copy all_reduce (csrc/arena.c run_single, csrc/peermem.c):
-results bit for bit the rank-order reference's, calls of every size interleaved with the
+"""The compiled arena's single-copy all_reduce and all_gather (csrc/arena.c run_single,
+run_single_gather, csrc/peermem.c): results bit for bit the rank-order reference's (every
+rank's input in rank order, in place too), calls of every size interleaved with the
 arena's other collectives; a peer that announces a buffer we cannot reach fails the call
 on every rank, within a bound, with TransportError; the set-up probe reaches only the
 process that sent the nonce."""
@@ -74,11 +75,13 @@ class _Rank:
     def check(self, q: int, target: int) -> None:
         raise AssertionError(f"rank {self.r}: peer {q} announced another call")
 
-    def call(self, coll: str, dtype, op, root: int, data, divisor: int = 0) -> None:
-        count = 0 if data is None else int(data.size)
+    def call(self, coll: str, dtype, op, root: int, data, divisor: int = 0, inp=None) -> None:
+        """`data`: the buffer, or the output of a call with an input (`inp`, whose count
+        the call announces)."""
+        count = int((data if inp is None else inp).size) if data is not None else 0
         hdr = (_wire.KIND_CODE[coll], dtype.code, count, root, int(op), 0)
         plan = self.na.plan(hdr[0], dtype.code, int(op), root, divisor, hdr)
-        self.na.run(plan, None, data, self.seq, None, self.poll, self.check, lambda: None)
+        self.na.run(plan, inp, data, self.seq, None, self.poll, self.check, lambda: None)
         self.seq += 1
 
 
@@ -104,6 +107,17 @@ def _battery(name: str, nbytes: int, p: int, r: int, piece: int, out) -> None:
                 x = every[r].copy()
                 me.call("broadcast", dtype, op, 0, x)
                 assert x.tobytes() == every[0].tobytes(), ("broadcast", dt_name, n)
+                gathered = np.concatenate(every)
+                inp = every[r].copy()
+                got = np.full(n * p, 77, dtype.numpy)
+                me.call("all_gather", dtype, op, -1, got, inp=inp)
+                assert got.tobytes() == gathered.tobytes(), ("all_gather", dt_name, n)
+                announced = int(me.a.ctrl[r * arena.WORDS + arena.ADDR])
+                assert announced == (inp.ctypes.data if inp.nbytes > SMALL else 0), (dt_name, n)
+                got = np.full(n * p, 77, dtype.numpy)
+                got[r * n : (r + 1) * n] = every[r]  # in place: the input is our block
+                me.call("all_gather", dtype, op, -1, got, inp=got[r * n : (r + 1) * n])
+                assert got.tobytes() == gathered.tobytes(), ("all_gather in place", dt_name, n)
         out.put((r, None))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         out.put((r, repr(exc)))
@@ -116,9 +130,9 @@ def test_single_copy_matches_the_reference(p: int, piece: int) -> None:
     assert results == {r: None for r in range(p)}
 
 
-def _rogue_or_victim(name: str, nbytes: int, p: int, r: int, out) -> None:
+def _rogue_or_victim(name: str, nbytes: int, p: int, r: int, coll: str, out) -> None:
     """Rank 0 runs single copy; rank 1 speaks the arena's protocol from Python and
-    announces the call with a buffer address nothing is mapped at."""
+    announces the call (`coll`) with a buffer address nothing is mapped at."""
     try:
         dtype = _dtypes.BY_NAME["float32"]
         n = 4096
@@ -127,7 +141,10 @@ def _rogue_or_victim(name: str, nbytes: int, p: int, r: int, out) -> None:
             x = np.ones(n, np.float32)
             t0 = time.monotonic()
             try:
-                me.call("all_reduce", dtype, ReduceOp.SUM, -1, x)
+                if coll == "all_gather":
+                    me.call(coll, dtype, ReduceOp.SUM, -1, np.ones(n * p, np.float32), inp=x)
+                else:
+                    me.call(coll, dtype, ReduceOp.SUM, -1, x)
             except TransportError as exc:
                 out.put((r, ("raised", str(exc), time.monotonic() - t0)))
                 return
@@ -144,7 +161,7 @@ def _rogue_or_victim(name: str, nbytes: int, p: int, r: int, out) -> None:
                 time.sleep(0.0001)
 
         wait(a.bump())  # rank 0's barrier
-        a.announce(1, _wire.KIND_CODE["all_reduce"], dtype.code, n, -1, int(ReduceOp.SUM), 0)
+        a.announce(1, _wire.KIND_CODE[coll], dtype.code, n, -1, int(ReduceOp.SUM), 0)
         a.ctrl[r * arena.WORDS + arena.ADDR] = 4096  # the first page: never mapped
         wait(a.bump())  # phase 0: announced
         a.ctrl[r * arena.WORDS + arena.SC_ERR] = 0  # it even claims all went well
@@ -156,11 +173,13 @@ def _rogue_or_victim(name: str, nbytes: int, p: int, r: int, out) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_a_peer_announcing_an_unreachable_buffer_fails_the_call_on_every_rank() -> None:
-    results = run_on_new_arena(2, SLOT, _rogue_or_victim)
+@pytest.mark.parametrize("coll", ["all_reduce", "all_gather"])
+def test_a_peer_announcing_an_unreachable_buffer_fails_the_call_on_every_rank(coll: str) -> None:
+    results = run_on_new_arena(2, SLOT, _rogue_or_victim, lambda r: (coll,))
     victim, rogue = results[0], results[1]
     assert victim[0] == "raised", victim
     assert "EFAULT" in victim[1] and "rank 1" in victim[1], victim[1]
+    assert f"single-copy {coll}" in victim[1], victim[1]
     assert victim[2] < 10, victim
     # rank 0 told the peer through the last phase why (an honest peer would raise too)
     assert rogue == ("rogue saw", errno.EFAULT), rogue

@@ -135,9 +135,11 @@ class NativeArenaRunner(BaseRunner):
 
     # The group's compiled path of repeated calls (core/group.py `fast`): the collectives it
     # repeats, at most this large (larger calls may share buffers: their Python path maps
-    # the peers' ones), except all_reduce by single copy, of any size: the path declines a
-    # call whose buffer may be shared memory (csrc/callpath.c maybe_mapped). It saves the
-    # Python path's few microseconds a call (1 MiB: 92 against 94 us, docs/shm.md).
+    # the peers' ones), except all_reduce and all_gather by single copy, of any size: the
+    # path declines a call whose buffer may be shared memory (csrc/callpath.c
+    # maybe_mapped). It saves the Python path's few microseconds a call (1 MiB: 92 against
+    # 94 us, docs/shm.md).
+    SINGLE_COPY = ("all_reduce", "all_gather")
     FAST = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier")
     FAST_BYTES = _coll.SMALL_BYTES
 
@@ -150,7 +152,7 @@ class NativeArenaRunner(BaseRunner):
         out = arrays.get(prep.out) if prep.out else None
         if out is not None:
             large = out.nbytes > self.FAST_BYTES
-            if large and not (self.single_copy and prep.collective == "all_reduce"):
+            if large and not (self.single_copy and prep.collective in self.SINGLE_COPY):
                 return None
             if prep.shareable and _shared.describe(out) != _shared.NOT_SHARED:
                 return None
@@ -199,7 +201,7 @@ class NativeArenaRunner(BaseRunner):
         while rc:
             if rc == _shm_native.FAILED:  # every rank of the call raises: see single_copy_error
                 code, q = c.failure
-                raise _shm_native.single_copy_error((code, q), group.ranks[q])
+                raise _shm_native.single_copy_error((code, q), group.ranks[q], call.spec.collective)
             if rc == _shm_native.PENDING:
                 poll(c.target)
             elif rc == _shm_native.CHECK:

@@ -219,17 +219,27 @@ def probe_peer(pid: int, address: int, nonce: bytes) -> bool:
         return False
 
 
-def single_copy_error(failure: tuple[int, int], rank: int) -> TransportError:
-    """The error of a single-copy all_reduce that failed on this rank or on a peer
-    (`failure`: the errno and the arena rank it came from; `rank`: that peer's rank as the
-    caller names it). Every rank of the call raises one: no result was returned."""
+def single_copy_error(failure: tuple[int, int], rank: int, collective: str) -> TransportError:
+    """The error of a single-copy `collective` (all_reduce, all_gather) that failed on this
+    rank or on a peer (`failure`: the errno and the arena rank it came from; `rank`: that
+    peer's rank as the caller names it). Every rank of the call raises one: no result was
+    returned."""
     code, _ = failure
     name = _errno.errorcode.get(code, str(code))
     return TransportError(
-        f"single-copy all_reduce with rank {rank} failed: {name} ({os.strerror(code)}) reading "
-        "or writing its buffer across processes (process_vm_readv/writev); the data of "
-        "this call is undefined. PYCOLLECTIVE_SHM_SINGLE_COPY=0 turns single copy off."
+        f"single-copy {collective} with rank {rank} failed: {name} ({os.strerror(code)}) "
+        "reading or writing its buffer across processes (process_vm_readv/writev); the data "
+        "of this call is undefined. PYCOLLECTIVE_SHM_SINGLE_COPY=0 turns single copy off."
     )
+
+
+def kind_name(kind: int) -> str:
+    """The collective of a kind code (the extension's KIND_CODE, the wire's)."""
+    if _native is not None:
+        for name, code in _native.KIND_CODE.items():
+            if code == kind:
+                return name
+    return f"<kind {kind}>"
 
 
 class NativeArena:
@@ -256,6 +266,7 @@ class NativeArena:
         self.c.next_buf = arena.next_buf
         self.set_spin()
         self._plans: dict[tuple, object] = {}
+        self._kinds: dict[int, str] = {}  # id(plan) -> its collective, for errors
 
     def set_spin(self) -> None:
         """The Python arena's wait settings (arena.py set_cores), with the compiled
@@ -293,7 +304,9 @@ class NativeArena:
         if plan is None:
             if len(self._plans) >= 4096:
                 self._plans.clear()
+                self._kinds.clear()
             plan = self._plans[key] = _native.Plan(kind, dtype_code, op, root, divisor, header)
+            self._kinds[id(plan)] = kind_name(kind)  # (the plan is held in _plans)
         return plan
 
     def call_path(
@@ -333,7 +346,7 @@ class NativeArena:
         rc = c.run(plan, inp, out, seq, BUDGET_NS, shared)
         while rc:
             if rc == FAILED:
-                raise single_copy_error(c.failure, c.failure[1])
+                raise single_copy_error(c.failure, c.failure[1], self._kinds[id(plan)])
             if rc == PENDING:
                 poll(c.target)
             elif rc == CHECK:
