@@ -473,8 +473,13 @@ static int run_single_gather(ArenaObject *a, call_t *c, int64_t end)
         WAIT_FOR(c->target);
         nogil(a);
         c->err = 0;
-        if (c->out + (size_t)r * block != c->in)
-            memmove(c->out + (size_t)r * block, c->in, block);
+        {
+            char *mine = c->out + (size_t)r * block;
+            if (mine + block <= c->in || c->in + block <= mine)
+                copy_out(a, c, mine, c->in, block); /* (non-temporal when large) */
+            else if (mine != c->in)
+                memmove(mine, c->in, block);
+        }
         for (int q = 0; q < p && !c->err; q++) {
             if (q == r)
                 continue;
