@@ -103,6 +103,7 @@ def correctness() -> None:
         failures=battery.failures[:10],
         hosts=[list(h) for h in hier.layout.hosts],
         arena=hier.arena is not None,
+        compiled=hier.compiled is not None,
         auto=g.choose_algorithm("all_reduce", None, 1 << 20, F32, 0),
         algorithms=dist.algorithms("all_reduce"),
     )

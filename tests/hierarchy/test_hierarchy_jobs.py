@@ -4,6 +4,7 @@ bytes each rank sends to other hosts, and errors that surface on every rank."""
 
 from __future__ import annotations
 
+import os
 from functools import cache
 
 import pytest
@@ -28,10 +29,13 @@ def _expected_layout(hosts: list[str]) -> list[list[int]]:
 
 
 @cache
-def _correctness_job(hosts: str, transport: str):
+def _correctness_job(hosts: str, transport: str, native: bool = True):
     """The correctness job of a layout (cached). 2 hosts x 2 ranks with the arena also
-    measures the cross-host bytes afterwards (test_cross_host_bytes_...): one job less."""
+    measures the cross-host bytes afterwards (test_cross_host_bytes_...): one job less.
+    `native=False`: the in-host steps on the Python arena (PYCOLLECTIVE_NATIVE=0)."""
     env = {"PYCOLLECTIVE_TRANSPORT": transport}
+    if not native:
+        env["PYCOLLECTIVE_NATIVE"] = "0"
     if transport == "tcp":  # and the environment's way of asking for it
         env["PYCOLLECTIVE_ALL_REDUCE_ALGORITHM"] = "hierarchical"
     scenarios = "correctness,traffic" if (hosts, transport) == ("aabb", "auto") else "correctness"
@@ -40,19 +44,20 @@ def _correctness_job(hosts: str, transport: str):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    "hosts,transport",
+    "hosts,transport,native",
     [
-        ("aabb", "auto"),  # 2 hosts x 2 ranks, arena inside each host
-        ("aabbcc", "auto"),  # 3 x 2
-        ("abab", "auto"),  # hosts interleaved in rank order
-        ("aab", "auto"),  # uneven 2 + 1: the leader variant
-        ("aaabbc", "auto"),  # uneven 3 + 2 + 1
-        ("aab", "tcp"),
-        ("aabb", "tcp"),  # no arena: intra-host steps over TCP too
+        ("aabb", "auto", True),  # 2 hosts x 2 ranks, arena inside each host (compiled)
+        ("aabb", "auto", False),  # the same on the Python arena
+        ("aabbcc", "auto", True),  # 3 x 2
+        ("abab", "auto", True),  # hosts interleaved in rank order
+        ("aab", "auto", True),  # uneven 2 + 1: the leader variant
+        ("aaabbc", "auto", True),  # uneven 3 + 2 + 1
+        ("aab", "tcp", True),
+        ("aabb", "tcp", True),  # no arena: intra-host steps over TCP too
     ],
 )
-def test_results_match_numpy(hosts: str, transport: str) -> None:
-    results, res = _correctness_job(hosts, transport)
+def test_results_match_numpy(hosts: str, transport: str, native: bool) -> None:
+    results, res = _correctness_job(hosts, transport, native)
     layout = _expected_layout(list(hosts))
     for r in results:
         c = res[r.rank].get("correctness")
@@ -64,6 +69,9 @@ def test_results_match_numpy(hosts: str, transport: str) -> None:
         # Ranks that share their host with another get an arena for the in-host steps.
         alone = len(next(h for h in layout if r.rank in h)) == 1
         assert c["arena"] is (transport == "auto" and not alone)
+        # ... whose steps the compiled arena runs, unless PYCOLLECTIVE_NATIVE=0
+        wanted = native and os.environ.get("PYCOLLECTIVE_NATIVE", "1") != "0"
+        assert c["compiled"] is (c["arena"] and wanted)
 
 
 @pytest.mark.timeout(120)  # the job (its bound is 90 s) if no test before ran it

@@ -53,6 +53,7 @@ from ..tuning.params import Tuning
 from . import arena as _shm
 from ._base import BaseRunner, Call, Members, Need, Spec
 from .executor import Plan, ScratchPool, make_plan, run_schedule
+from .native import CompiledSteps
 
 log = logging.getLogger("pycollective")
 
@@ -138,6 +139,13 @@ class Hierarchy:
         index = self.local if layout.even else 0
         self.cross = tuple(h[index] for h in layout.hosts)
         self.arena = arena
+        # A host arena made for the hierarchy alone (several hosts) runs its steps compiled
+        # when the extension can; the group's own arena (one host) stays its runner's.
+        self.compiled = (
+            CompiledSteps(arena)
+            if arena is not None and len(layout.hosts) > 1 and CompiledSteps.available(arena)
+            else None
+        )
         self.tuning = tuning or Tuning()  # prices the cross-host step's flat algorithm
         self.scratch = ScratchPool()  # not the world's: run_schedule takes that one
 
@@ -213,7 +221,13 @@ class Hierarchy:
         call: _Call,
         algorithm: str = "ring",
     ) -> None:
-        """One in-host step: over the host's arena if it has one, else a TCP schedule."""
+        """One in-host step: over the host's arena if it has one (compiled if it can), else
+        a TCP schedule."""
+        if self.compiled is not None:
+            self.compiled.run(
+                collective, arrays, call.kernel, call.header, call.deadline, call.label
+            )
+            return
         if self.arena is not None:
             self.arena.run(
                 collective, arrays, call.dtype, call.kernel, call.header, call.deadline,

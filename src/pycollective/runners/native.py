@@ -196,16 +196,82 @@ class NativeArenaRunner(BaseRunner):
             self._finish(c, rc, out, call)
 
     def _finish(self, c: Any, rc: int, out: np.ndarray | None, call: Call) -> None:
-        group, header = self.local_group, call.header
-        poll = group._poller(header, call.deadline, call.label)
-        while rc:
-            if rc == _shm_native.FAILED:  # every rank of the call raises: see single_copy_error
-                code, q = c.failure
-                raise _shm_native.single_copy_error((code, q), group.ranks[q], call.spec.collective)
-            if rc == _shm_native.PENDING:
-                poll(c.target)
-            elif rc == _shm_native.CHECK:
-                group._check_peer(c.peer, header, c.target)
-            else:
-                c.set_views(group._peer_views(out, call.label))  # type: ignore[arg-type]
-            rc = c.resume(_shm_native.BUDGET_NS)
+        finish_call(
+            c, rc, self.local_group, call.header, call.deadline, call.label,
+            call.spec.collective, out,
+        )  # fmt: skip
+
+
+def finish_call(
+    c: Any,
+    rc: int,
+    group: LocalGroup,
+    header: Any,
+    deadline: float,
+    label: str,
+    collective: str,
+    out: np.ndarray | None,
+) -> None:
+    """Drive a compiled arena call that returned `rc` (not done) to its end, with the
+    Python arena's polls and checks (deadline, dead peer, abort notices, a peer's
+    differing announcement), raising as the Python arena would."""
+    poll = group._poller(header, deadline, label)
+    while rc:
+        if rc == _shm_native.FAILED:  # every rank of the call raises: see single_copy_error
+            code, q = c.failure
+            raise _shm_native.single_copy_error((code, q), group.ranks[q], collective)
+        if rc == _shm_native.PENDING:
+            poll(c.target)
+        elif rc == _shm_native.CHECK:
+            group._check_peer(c.peer, header, c.target)
+        else:
+            c.set_views(group._peer_views(out, label))  # type: ignore[arg-type]
+        rc = c.resume(_shm_native.BUDGET_NS)
+
+
+class CompiledSteps:
+    """A LocalGroup's calls run by the compiled arena (the hierarchy's steps inside one
+    host: runners/hierarchical.py), with its polls and checks when a call waits. The
+    group's arena must be this object's alone from here on: the compiled arena keeps its
+    own place in the arena's buffers."""
+
+    def __init__(self, group: LocalGroup) -> None:
+        arena = group.arena
+        assert arena is not None  # noqa: S101 - callers check
+        self.group = group
+        self.native = _shm_native.NativeArena(arena, _coll.SMALL_BYTES, arena.chunk_bytes)
+
+    @staticmethod
+    def available(group: LocalGroup | None) -> bool:
+        """Whether the compiled arena can serve `group` (built, matching, wanted)."""
+        return (
+            group is not None and group.arena is not None and _shm_native.enabled(_wire.KIND_CODE)
+        )
+
+    def run(
+        self,
+        collective: str,
+        arrays: dict[str, np.ndarray],
+        kernel: Any,
+        header: Any,
+        deadline: float,
+        label: str,
+    ) -> None:
+        """One call, as LocalGroup.run takes it (`arrays`: "data", or "input" and
+        "output"); AVG is summed (no divisor), as the hierarchy's steps want it."""
+        h = header
+        rooted = collective in ("reduce", "broadcast")
+        plan = self.native.plan(
+            _wire.KIND_CODE[collective],
+            h.dtype,
+            h.op if kernel is not None else 0,
+            h.root if rooted else -1,
+            0,
+            (h.kind, h.dtype, h.count, h.root, h.op, h.algo),
+        )
+        inp = arrays.get("input")
+        out = arrays["output"] if inp is not None else arrays["data"]
+        c = self.native.c
+        rc = c.run(plan, inp, out, h.seq, _shm_native.BUDGET_NS, None)
+        if rc:
+            finish_call(c, rc, self.group, h, deadline, label, collective, out)
