@@ -104,6 +104,7 @@ def correctness() -> None:
         hosts=[list(h) for h in hier.layout.hosts],
         arena=hier.arena is not None,
         compiled=hier.compiled is not None,
+        single_copy=hier.compiled is not None and hier.compiled.single_copy,
         auto=g.choose_algorithm("all_reduce", None, 1 << 20, F32, 0),
         algorithms=dist.algorithms("all_reduce"),
     )

@@ -21,6 +21,24 @@ def _job(hosts: list[str], scenario: str, env: dict[str, str] | None = None, tim
     return results, {r.rank: steps_of(r) for r in results}
 
 
+def native_single_copy() -> bool:
+    """Whether this machine lets sibling processes of one user read each other (no Yama,
+    its ptrace scope 0, or root's CAP_SYS_PTRACE below scope 3), as set-up's probe needs,
+    with single copy not turned off."""
+    from pycollective.shm import native  # noqa: PLC0415
+
+    scope = _ptrace_scope()
+    return native.single_copy_wanted() and (scope == 0 or (os.geteuid() == 0 and scope < 3))
+
+
+def _ptrace_scope() -> int:
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            return int(f.read())
+    except OSError:
+        return 0  # no Yama: the same user's processes may
+
+
 def _expected_layout(hosts: list[str]) -> list[list[int]]:
     groups: dict[str, list[int]] = {}
     for rank, h in enumerate(hosts):
@@ -72,6 +90,8 @@ def test_results_match_numpy(hosts: str, transport: str, native: bool) -> None:
         # ... whose steps the compiled arena runs, unless PYCOLLECTIVE_NATIVE=0
         wanted = native and os.environ.get("PYCOLLECTIVE_NATIVE", "1") != "0"
         assert c["compiled"] is (c["arena"] and wanted)
+        # (and reads its peers' blocks by single copy where the system lets it)
+        assert c["single_copy"] is (c["compiled"] and native_single_copy())
 
 
 @pytest.mark.timeout(120)  # the job (its bound is 90 s) if no test before ran it

@@ -69,12 +69,7 @@ class NativeArenaRunner(BaseRunner):
         assert arena is not None  # noqa: S101 - set_up checks
         # the group's chunk (rank 0's choice, in the arena's header): ranks must agree
         self.native = _shm_native.NativeArena(arena, _coll.SMALL_BYTES, arena.chunk_bytes)
-        pids = self.local_group.single_copy_pids  # every rank offered and reaches every other
-        self.single_copy = pids is not None
-        if pids is not None:
-            self.native.c.set_single_copy(
-                _coll.SMALL_BYTES + 1, _shm_native.SINGLE_COPY_PIECE_BYTES, pids
-            )
+        self.single_copy = single_copy(self.native, self.local_group)
 
     @classmethod
     def set_up(cls, members: Members, need: Need) -> NativeArenaRunner | None:
@@ -202,6 +197,15 @@ class NativeArenaRunner(BaseRunner):
         )  # fmt: skip
 
 
+def single_copy(native: _shm_native.NativeArena, group: LocalGroup) -> bool:
+    """Turn single copy on in `native` if every rank of `group` offered it at set-up and
+    reaches every other (LocalGroup.single_copy_pids); whether it did."""
+    pids = group.single_copy_pids
+    if pids is not None:
+        native.c.set_single_copy(_coll.SMALL_BYTES + 1, _shm_native.SINGLE_COPY_PIECE_BYTES, pids)
+    return pids is not None
+
+
 def finish_call(
     c: Any,
     rc: int,
@@ -240,6 +244,7 @@ class CompiledSteps:
         assert arena is not None  # noqa: S101 - callers check
         self.group = group
         self.native = _shm_native.NativeArena(arena, _coll.SMALL_BYTES, arena.chunk_bytes)
+        self.single_copy = single_copy(self.native, group)  # (its all-gather step)
 
     @staticmethod
     def available(group: LocalGroup | None) -> bool:
