@@ -454,6 +454,64 @@ static int run_pipeline(ArenaObject *a, call_t *c, int64_t end)
     return ST_DONE;
 }
 
+/* ---- reduce_scatter by single copy: every rank reads its block of each peer's input
+ * (peermem.c), piece by piece into the private scratch, and reduces them in rank order
+ * with its own into its output: no slot, no copy in. Only reads, as all_gather's. ---- */
+static int run_single_scatter(ArenaObject *a, call_t *c, int64_t end)
+{
+    const int p = a->size, r = a->rank;
+    const size_t isz = c->plan.itemsize;
+    switch (c->pc) {
+    case 0:
+        c->target = pyc_bump(a);
+        WAIT_FOR(c->target);
+        nogil(a);
+        c->err = 0;
+        {
+            uint64_t addr[MAX_RANKS];
+            for (int q = 0; q < p; q++)
+                addr[q] = q == r ? 0 : (uint64_t)ld(word(a, q, ADDR));
+            int64_t piece = a->piece_bytes / (int64_t)isz;
+            piece = piece < 1 ? 1 : piece;
+            for (int64_t x = 0; x < c->n && !c->err; x += piece) {
+                const size_t at = ((size_t)r * (size_t)c->n + (size_t)x) * isz; /* my block */
+                const size_t bytes = (size_t)min64(piece, c->n - x) * isz;
+                const void *srcs[MAX_RANKS];
+                char *t = a->tmp;
+                for (int q = 0; q < p && !c->err; q++) {
+                    if (q == r) {
+                        srcs[q] = c->in + at;
+                        continue;
+                    }
+                    srcs[q] = t;
+                    c->err = addr[q] ? pyc_peer_read((pid_t)a->pids[q], t, addr[q] + at, bytes)
+                                     : EINVAL;
+                    c->err_peer = q;
+                    t += a->piece_bytes;
+                }
+                if (!c->err)
+                    reduce_into(a, c, c->out + (size_t)x * isz, srcs, (int64_t)(bytes / isz));
+            }
+        }
+        st(word(a, r, SC_ERR), c->err);
+        c->target = pyc_bump(a);
+        WAIT_FOR(c->target);
+        if (!c->err) {
+            for (int q = 0; q < p; q++) {
+                int64_t e = q == r ? 0 : ld(word(a, q, SC_ERR));
+                if (e) {
+                    c->err = e > 0 && e < 4096 ? (int)e : EIO; /* a peer's word: data */
+                    c->err_peer = q;
+                    break;
+                }
+            }
+        }
+        if (c->err)
+            return ST_FAILED;
+    }
+    return ST_DONE;
+}
+
 /* ---- all_gather by single copy: every rank reads each peer's input straight into its
  * own output (peermem.c), no slot in between ----
  *
@@ -532,7 +590,9 @@ int pyc_step(ArenaObject *a, int64_t budget_ns)
         rc = run_barrier(a, c, end);
         break;
     default:
-        rc = c->single ? run_single_gather(a, c, end) : run_pipeline(a, c, end);
+        rc = !c->single                          ? run_pipeline(a, c, end)
+             : c->plan.coll == C_REDUCE_SCATTER ? run_single_scatter(a, c, end)
+                                                 : run_single_gather(a, c, end);
     }
     if (a->ts) {
         PyEval_RestoreThread(a->ts);
@@ -560,11 +620,13 @@ void pyc_start_call(ArenaObject *a, const PlanObject *plan, char *in, char *out,
     /* Single copy: the group's threshold and the count are every rank's alike, so every
      * rank decides alike; peers read ADDR only after this call's first phase. */
     const size_t bytes = (size_t)n * plan->itemsize;
-    int single = (plan->coll == C_ALL_REDUCE || plan->coll == C_ALL_GATHER) && a->size > 1 &&
-                 a->single_bytes > 0 && a->tmp && bytes >= (size_t)a->single_bytes &&
-                 bytes > (size_t)a->small_bytes;
-    /* all_reduce's peers read and write its buffer, all_gather's read its input */
-    char *announced = plan->coll == C_ALL_GATHER ? in : out;
+    int single = (plan->coll == C_ALL_REDUCE || plan->coll == C_ALL_GATHER ||
+                  plan->coll == C_REDUCE_SCATTER) &&
+                 a->size > 1 && a->single_bytes > 0 && a->tmp &&
+                 bytes >= (size_t)a->single_bytes && bytes > (size_t)a->small_bytes;
+    /* all_reduce's peers read and write its buffer, all_gather's and reduce_scatter's read
+     * its input (n: the count of one block) */
+    char *announced = plan->coll == C_ALL_REDUCE ? out : in;
     st(&blk[ADDR], single ? (int64_t)(uintptr_t)announced : 0);
     st(&blk[SEQ], seq + 1);
 

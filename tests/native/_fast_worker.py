@@ -423,8 +423,8 @@ def large() -> None:
 
 def large_gather() -> None:
     """Repeated all_gather_into_tensor of large blocks by single copy (new data each time,
-    out of place, then in place: the input a block of the output), every result
-    digested."""
+    out of place, then in place: the input a block of the output), then
+    reduce_scatter_tensor, every result digested."""
     h = hashlib.sha256()
     out = np.empty(LARGE * P, np.float32)
     inp = np.empty(LARGE, np.float32)
@@ -436,6 +436,13 @@ def large_gather() -> None:
         mine = out[RANK * LARGE : (RANK + 1) * LARGE]
         mine[:] = inp + 1
         dist.all_gather_into_tensor(out, mine)
+        h.update(out.tobytes())
+    # reduce_scatter_tensor by single copy: SUM and MAX taking turns
+    ops = (dist.ReduceOp.SUM, dist.ReduceOp.MAX)
+    for rep in range(8):
+        out[:] = data(_dtypes.BY_NAME["float32"], LARGE * P, _seed(RANK, rep, "scatter"))
+        dist.reduce_scatter_tensor(inp, out, ops[rep % 2])
+        dist.all_gather_into_tensor(out, inp)  # every rank's block: one digest for all
         h.update(out.tobytes())
     print("DIGEST " + h.hexdigest(), flush=True)
     fast_counts()
@@ -451,6 +458,7 @@ def unreachable(collective: str = "all_reduce") -> None:
     call = {
         "all_reduce": lambda: dist.all_reduce(big),
         "all_gather": lambda: dist.all_gather_into_tensor(gathered, big),
+        "reduce_scatter": lambda: dist.reduce_scatter_tensor(big, gathered),
     }[collective]
     for _ in range(3):
         call()

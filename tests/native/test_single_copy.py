@@ -1,5 +1,6 @@
-"""The compiled arena's single-copy all_reduce and all_gather (csrc/arena.c run_single,
-run_single_gather, csrc/peermem.c): results bit for bit the rank-order reference's (every
+"""The compiled arena's single-copy all_reduce, all_gather and reduce_scatter
+(csrc/arena.c run_single, run_single_gather, run_single_scatter, csrc/peermem.c):
+results bit for bit the rank-order reference's (every
 rank's input in rank order, in place too), calls of every size interleaved with the
 arena's other collectives; a peer that announces a buffer we cannot reach fails the call
 on every rank, within a bound, with TransportError; the set-up probe reaches only the
@@ -118,6 +119,20 @@ def _battery(name: str, nbytes: int, p: int, r: int, piece: int, out) -> None:
                 got[r * n : (r + 1) * n] = every[r]  # in place: the input is our block
                 me.call("all_gather", dtype, op, -1, got, inp=got[r * n : (r + 1) * n])
                 assert got.tobytes() == gathered.tobytes(), ("all_gather in place", dt_name, n)
+                # reduce_scatter: every rank's input is p blocks of n; block r is ours
+                inputs = [
+                    np.concatenate([_data(10 * q + b, n, dtype) for b in range(p)])
+                    for q in range(p)
+                ]
+                want_block = np.empty(n, dtype.numpy)
+                fused_reduce(
+                    op, dtype, want_block, [x[r * n : (r + 1) * n] for x in inputs], divisor
+                )
+                block = np.full(n, 77, dtype.numpy)
+                me.call("reduce_scatter", dtype, op, -1, block, divisor, inp=inputs[r])
+                assert block.tobytes() == want_block.tobytes(), ("reduce_scatter", dt_name, n)
+                announced = int(me.a.ctrl[r * arena.WORDS + arena.ADDR])
+                assert announced == (inputs[r].ctypes.data if block.nbytes > SMALL else 0), n
         out.put((r, None))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         out.put((r, repr(exc)))
@@ -143,6 +158,8 @@ def _rogue_or_victim(name: str, nbytes: int, p: int, r: int, coll: str, out) -> 
             try:
                 if coll == "all_gather":
                     me.call(coll, dtype, ReduceOp.SUM, -1, np.ones(n * p, np.float32), inp=x)
+                elif coll == "reduce_scatter":
+                    me.call(coll, dtype, ReduceOp.SUM, -1, x, inp=np.ones(n * p, np.float32))
                 else:
                     me.call(coll, dtype, ReduceOp.SUM, -1, x)
             except TransportError as exc:
@@ -161,7 +178,8 @@ def _rogue_or_victim(name: str, nbytes: int, p: int, r: int, coll: str, out) -> 
                 time.sleep(0.0001)
 
         wait(a.bump())  # rank 0's barrier
-        a.announce(1, _wire.KIND_CODE[coll], dtype.code, n, -1, int(ReduceOp.SUM), 0)
+        count = n * p if coll == "reduce_scatter" else n  # (as _Rank.call announces it)
+        a.announce(1, _wire.KIND_CODE[coll], dtype.code, count, -1, int(ReduceOp.SUM), 0)
         a.ctrl[r * arena.WORDS + arena.ADDR] = 4096  # the first page: never mapped
         wait(a.bump())  # phase 0: announced
         a.ctrl[r * arena.WORDS + arena.SC_ERR] = 0  # it even claims all went well
@@ -173,7 +191,7 @@ def _rogue_or_victim(name: str, nbytes: int, p: int, r: int, coll: str, out) -> 
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("coll", ["all_reduce", "all_gather"])
+@pytest.mark.parametrize("coll", ["all_reduce", "all_gather", "reduce_scatter"])
 def test_a_peer_announcing_an_unreachable_buffer_fails_the_call_on_every_rank(coll: str) -> None:
     results = run_on_new_arena(2, SLOT, _rogue_or_victim, lambda r: (coll,))
     victim, rogue = results[0], results[1]
