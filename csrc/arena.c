@@ -218,6 +218,20 @@ static int64_t claim(ArenaObject *a, int64_t k)
     return j >= 0 && j < k ? j : -1;
 }
 
+/* A single-copy call's end, after its last phase: our error, else the first peer's error
+ * word (which it wrote before that phase) fails the call here too. */
+static int single_verdict(ArenaObject *a, call_t *c)
+{
+    for (int q = 0; q < a->size && !c->err; q++) {
+        int64_t e = q == a->rank ? 0 : ld(word(a, q, SC_ERR));
+        if (e) {
+            c->err = e > 0 && e < 4096 ? (int)e : EIO; /* a peer's word: data */
+            c->err_peer = q;
+        }
+    }
+    return c->err ? ST_FAILED : ST_DONE;
+}
+
 static int run_single(ArenaObject *a, call_t *c, int64_t end)
 {
     const int p = a->size, r = a->rank;
@@ -279,18 +293,7 @@ static int run_single(ArenaObject *a, call_t *c, int64_t end)
         st(word(a, r, SC_ERR), c->err);
         c->target = pyc_bump(a);
         WAIT_FOR(c->target);
-        if (!c->err) {
-            for (int q = 0; q < p; q++) {
-                int64_t e = q == r ? 0 : ld(word(a, q, SC_ERR));
-                if (e) {
-                    c->err = e > 0 && e < 4096 ? (int)e : EIO; /* a peer's word: data */
-                    c->err_peer = q;
-                    break;
-                }
-            }
-        }
-        if (c->err)
-            return ST_FAILED;
+        return single_verdict(a, c);
     }
     return ST_DONE;
 }
@@ -496,18 +499,7 @@ static int run_single_scatter(ArenaObject *a, call_t *c, int64_t end)
         st(word(a, r, SC_ERR), c->err);
         c->target = pyc_bump(a);
         WAIT_FOR(c->target);
-        if (!c->err) {
-            for (int q = 0; q < p; q++) {
-                int64_t e = q == r ? 0 : ld(word(a, q, SC_ERR));
-                if (e) {
-                    c->err = e > 0 && e < 4096 ? (int)e : EIO; /* a peer's word: data */
-                    c->err_peer = q;
-                    break;
-                }
-            }
-        }
-        if (c->err)
-            return ST_FAILED;
+        return single_verdict(a, c);
     }
     return ST_DONE;
 }
@@ -549,18 +541,7 @@ static int run_single_gather(ArenaObject *a, call_t *c, int64_t end)
         st(word(a, r, SC_ERR), c->err);
         c->target = pyc_bump(a);
         WAIT_FOR(c->target);
-        if (!c->err) {
-            for (int q = 0; q < p; q++) {
-                int64_t e = q == r ? 0 : ld(word(a, q, SC_ERR));
-                if (e) {
-                    c->err = e > 0 && e < 4096 ? (int)e : EIO; /* a peer's word: data */
-                    c->err_peer = q;
-                    break;
-                }
-            }
-        }
-        if (c->err)
-            return ST_FAILED;
+        return single_verdict(a, c);
     }
     return ST_DONE;
 }

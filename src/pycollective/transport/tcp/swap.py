@@ -84,14 +84,7 @@ class Swapping(Progress):
             sent = 0
             self._lose(conn, f"send failed: {exc.strerror or exc}")
         out = OutMessage(peer, header, payload)
-        if sent == total:
-            out.done = True
-        elif conn.lost is None:  # the rest goes the regular way
-            conn.outq.append(out)
-            conn.out_hdr = head
-            conn.out_sent = sent
-            self._sel.modify(sock, conn, True)
-            conn.writing = True
+        self._settle_send(conn, out, head, sent)
         if early is not None:
             early.copy_into(into)
             early.release()
@@ -148,6 +141,18 @@ class Swapping(Progress):
         self._swap = (None, header, (out,), (m,), spun)
         return SWAP_PENDING
 
+    def _settle_send(self, conn: Conn, out: OutMessage, head: bytes, sent: int) -> None:
+        """After a swap's sends: `out` done if all `sent`, else (the connection alive) its
+        rest queued the regular way, from that byte on."""
+        if sent == _wire.SIZE + out.payload.nbytes:
+            out.done = True
+        elif conn.lost is None:
+            conn.outq.append(out)
+            conn.out_hdr = head
+            conn.out_sent = sent
+            self._sel.modify(conn.sock, conn, True)
+            conn.writing = True
+
     def _swap_large(
         self,
         conn: Conn,
@@ -200,18 +205,8 @@ class Swapping(Progress):
                 sent += n
                 moved = n > 0
             if got < nbytes:
-                try:
-                    if got < 0:
-                        n = sock.recv_into(buf[end : _wire.SIZE])
-                    else:
-                        n = sock.recv_into(into[got:])
-                except (BlockingIOError, InterruptedError):
-                    n = -1
-                except OSError as exc:
-                    self._lose(conn, f"connection error: {exc.strerror or exc}")
-                    break
-                if n == 0:
-                    self._lose(conn, "connection closed by peer (process exited or crashed?)")
+                n = self._recv(conn, buf[end : _wire.SIZE] if got < 0 else into[got:])
+                if n < 0:  # lost (and said why)
                     break
                 if n > 0:
                     moved = True
@@ -236,14 +231,7 @@ class Swapping(Progress):
             if now >= until:
                 spun = True
                 break
-        if sent == total:
-            out.done = True
-        elif conn.lost is None:  # the rest goes the regular way
-            conn.outq.append(out)
-            conn.out_hdr = head
-            conn.out_sent = sent
-            self._sel.modify(sock, conn, True)
-            conn.writing = True
+        self._settle_send(conn, out, head, sent)
         if got == nbytes:
             m.done = True
             conn.last = header
