@@ -113,11 +113,7 @@ class _Sig:
     prepared: Any
     fields: tuple[Any, ...]
     tag: int
-    # None for the one swap of the whole buffer; else every step's (tag, header tail,
-    # send bytes lo, hi, receive bytes lo, hi, reduce: its items lo, hi, else None)
-    steps: (
-        tuple[tuple[int, tuple[int, ...], int, int, int, int, tuple[int, int] | None], ...] | None
-    )
+    steps: tuple[_Step, ...] | None  # None: the one swap of the whole buffer
 
 
 class _Resume:
@@ -291,6 +287,22 @@ class SwapFast:
         return False
 
 
+def _step_io(g: _Sig, raw: memoryview, seq: int, i: int) -> tuple[Header, memoryview, memoryview]:
+    """Step i's frame header, what it sends and where what it receives lands (a reducing
+    step's into the temporary, a plain one's in place)."""
+    tag, tail, slo, shi, rlo, rhi, items = g.steps[i]  # type: ignore[index]  # plans of steps
+    header = _new_header(Header, g.head + (seq, tag) + tail)
+    return header, raw[slo:shi], g.into[rlo:rhi] if items is not None else raw[rlo:rhi]
+
+
+def _combine(g: _Sig, obj: np.ndarray, i: int) -> None:
+    """Step i's reduction of what it received into the caller's buffer (if it reduces)."""
+    items = g.steps[i][6]  # type: ignore[index]  # plans of steps
+    if items is not None:
+        lo, hi = items
+        g.kernel(obj.reshape(-1)[lo:hi], g.tmp.reshape(-1)[lo:hi])
+
+
 def _run_steps(
     transport: Any, g: _Sig, obj: np.ndarray, raw: memoryview, seq: int, start: int
 ) -> tuple[int, bool]:
@@ -298,17 +310,12 @@ def _run_steps(
     whether the swap of the one it stopped at is pending; else it was declined)."""
     steps = g.steps
     assert steps is not None  # noqa: S101 - only for plans of steps
-    flat = obj.reshape(-1)
-    tmp = g.tmp.reshape(-1)
     for i in range(start, len(steps)):
-        tag, tail, slo, shi, rlo, rhi, items = steps[i]
-        header = _new_header(Header, g.head + (seq, tag) + tail)
-        into = g.into[rlo:rhi] if items is not None else raw[rlo:rhi]
-        rc = transport.swap(g.peer, header, raw[slo:shi], into, i == start == 0)
+        header, payload, into = _step_io(g, raw, seq, i)
+        rc = transport.swap(g.peer, header, payload, into, i == start == 0)
         if rc != SWAP_DONE:
             return i, rc == SWAP_PENDING
-        if items is not None:
-            g.kernel(flat[items[0] : items[1]], tmp[items[0] : items[1]])
+        _combine(g, obj, i)
     return len(steps), False
 
 
@@ -322,23 +329,19 @@ def resume(transport: Any, call: Any, status: _Resume) -> None:
         return
     obj = status.obj
     raw = memoryview(obj).cast("B")  # type: ignore[arg-type]  # numpy types __buffer__ for 3.12+
-    flat, tmp = obj.reshape(-1), g.tmp.reshape(-1)
     seq = call.header.seq
     i, pending = status.step, status.pending
     while i < len(steps):
-        tag, tail, slo, shi, rlo, rhi, items = steps[i]
         if pending:
             transport.swap_finish(call.deadline, call.label)
         else:  # declined: the regular exchange (whatever made the swap decline, it reads)
-            header = _new_header(Header, g.head + (seq, tag) + tail)
-            into = g.into[rlo:rhi] if items is not None else raw[rlo:rhi]
+            header, payload, into = _step_io(g, raw, seq, i)
             transport.exchange(
-                [OutMessage(g.peer, header, raw[slo:shi])],
+                [OutMessage(g.peer, header, payload)],
                 [InMessage(g.peer, header, into)],
                 call.deadline,
                 header.group,
                 call.label,
             )
-        if items is not None:
-            g.kernel(flat[items[0] : items[1]], tmp[items[0] : items[1]])
+        _combine(g, obj, i)
         i, pending = _run_steps(transport, g, obj, raw, seq, i + 1)
