@@ -232,6 +232,37 @@ static int single_verdict(ArenaObject *a, call_t *c)
     return c->err ? ST_FAILED : ST_DONE;
 }
 
+/* Every peer's address announced for this call (ADDR; 0 for ourselves and for a peer
+ * that announced none), read once after phase 0. */
+static void peer_addrs(ArenaObject *a, uint64_t *addr)
+{
+    for (int q = 0; q < a->size; q++)
+        addr[q] = q == a->rank ? 0 : (uint64_t)ld(word(a, q, ADDR));
+}
+
+/* One piece of single copy's reads: srcs[q] = `own` for us, else `bytes` of peer q's
+ * announced buffer from `off`, read into the scratch (a piece_bytes slot a peer), in
+ * rank order for the reduction. 0, or the errno with c->err_peer set to that peer. */
+static int read_peers(ArenaObject *a, call_t *c, const uint64_t *addr, uint64_t off,
+                      size_t bytes, const void *own, const void **srcs)
+{
+    char *t = a->tmp;
+    for (int q = 0; q < a->size; q++) {
+        if (q == a->rank) {
+            srcs[q] = own;
+            continue;
+        }
+        srcs[q] = t;
+        int err = addr[q] ? pyc_peer_read((pid_t)a->pids[q], t, addr[q] + off, bytes) : EINVAL;
+        if (err) {
+            c->err_peer = q;
+            return err;
+        }
+        t += a->piece_bytes;
+    }
+    return 0;
+}
+
 static int run_single(ArenaObject *a, call_t *c, int64_t end)
 {
     const int p = a->size, r = a->rank;
@@ -256,8 +287,7 @@ static int run_single(ArenaObject *a, call_t *c, int64_t end)
         c->err = 0;
         {
             uint64_t addr[MAX_RANKS];
-            for (int q = 0; q < p; q++)
-                addr[q] = q == r ? 0 : (uint64_t)ld(word(a, q, ADDR));
+            peer_addrs(a, addr);
             int64_t piece = a->piece_bytes / (int64_t)isz;
             piece = piece < 1 ? 1 : piece;
             const int64_t k = (c->n + piece - 1) / piece;
@@ -265,19 +295,8 @@ static int run_single(ArenaObject *a, call_t *c, int64_t end)
                 const int64_t x = j * piece;
                 size_t bytes = (size_t)min64(piece, c->n - x) * isz;
                 const void *srcs[MAX_RANKS];
-                char *mine = c->out + (size_t)x * isz, *t = a->tmp;
-                for (int q = 0; q < p && !c->err; q++) {
-                    if (q == r) {
-                        srcs[q] = mine;
-                        continue;
-                    }
-                    srcs[q] = t;
-                    c->err = addr[q] ? pyc_peer_read((pid_t)a->pids[q], t, addr[q] + (uint64_t)x * isz, bytes)
-                                     : EINVAL;
-                    c->err_peer = q;
-                    t += a->piece_bytes;
-                }
-                if (c->err)
+                char *mine = c->out + (size_t)x * isz;
+                if ((c->err = read_peers(a, c, addr, (uint64_t)x * isz, bytes, mine, srcs)))
                     break;
                 reduce_into(a, c, mine, srcs, (int64_t)(bytes / isz));
                 for (int q = 0; q < p && !c->err; q++) {
@@ -462,7 +481,7 @@ static int run_pipeline(ArenaObject *a, call_t *c, int64_t end)
  * with its own into its output: no slot, no copy in. Only reads, as all_gather's. ---- */
 static int run_single_scatter(ArenaObject *a, call_t *c, int64_t end)
 {
-    const int p = a->size, r = a->rank;
+    const int r = a->rank;
     const size_t isz = c->plan.itemsize;
     switch (c->pc) {
     case 0:
@@ -472,26 +491,14 @@ static int run_single_scatter(ArenaObject *a, call_t *c, int64_t end)
         c->err = 0;
         {
             uint64_t addr[MAX_RANKS];
-            for (int q = 0; q < p; q++)
-                addr[q] = q == r ? 0 : (uint64_t)ld(word(a, q, ADDR));
+            peer_addrs(a, addr);
             int64_t piece = a->piece_bytes / (int64_t)isz;
             piece = piece < 1 ? 1 : piece;
             for (int64_t x = 0; x < c->n && !c->err; x += piece) {
                 const size_t at = ((size_t)r * (size_t)c->n + (size_t)x) * isz; /* my block */
                 const size_t bytes = (size_t)min64(piece, c->n - x) * isz;
                 const void *srcs[MAX_RANKS];
-                char *t = a->tmp;
-                for (int q = 0; q < p && !c->err; q++) {
-                    if (q == r) {
-                        srcs[q] = c->in + at;
-                        continue;
-                    }
-                    srcs[q] = t;
-                    c->err = addr[q] ? pyc_peer_read((pid_t)a->pids[q], t, addr[q] + at, bytes)
-                                     : EINVAL;
-                    c->err_peer = q;
-                    t += a->piece_bytes;
-                }
+                c->err = read_peers(a, c, addr, at, bytes, c->in + at, srcs);
                 if (!c->err)
                     reduce_into(a, c, c->out + (size_t)x * isz, srcs, (int64_t)(bytes / isz));
             }
@@ -530,12 +537,13 @@ static int run_single_gather(ArenaObject *a, call_t *c, int64_t end)
             else if (mine != c->in)
                 memmove(mine, c->in, block);
         }
+        uint64_t addr[MAX_RANKS];
+        peer_addrs(a, addr);
         for (int q = 0; q < p && !c->err; q++) {
             if (q == r)
                 continue;
-            const uint64_t addr = (uint64_t)ld(word(a, q, ADDR));
-            c->err = addr ? pyc_peer_read((pid_t)a->pids[q], c->out + (size_t)q * block, addr, block)
-                          : EINVAL;
+            c->err = addr[q] ? pyc_peer_read((pid_t)a->pids[q], c->out + (size_t)q * block, addr[q], block)
+                             : EINVAL;
             c->err_peer = q;
         }
         st(word(a, r, SC_ERR), c->err);
