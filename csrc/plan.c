@@ -1,6 +1,8 @@
 /* Plan: one call signature, prepared (see plan.h). */
 #include "plan.h"
 
+#include <structmember.h>
+
 static int Plan_init(PlanObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"collective", "dtype", "op", "root", "avg", "header", NULL};
@@ -46,6 +48,11 @@ static int Plan_init(PlanObject *self, PyObject *args, PyObject *kwds)
     return 0;
 }
 
+static PyMemberDef Plan_members[] = {
+    {"collective", T_INT, offsetof(PlanObject, coll), READONLY, "the collective's code (KIND_CODE)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
 PyTypeObject PlanType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "pycollective._native.Plan",
@@ -54,4 +61,5 @@ PyTypeObject PlanType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Plan_init,
+    .tp_members = Plan_members,
 };

@@ -18,6 +18,7 @@ def recv_reduce(
 ) -> tuple[int, int, int, int]: ...
 
 class Plan:
+    collective: int  # read-only: the code it was made with
     def __init__(
         self, collective: int, dtype: int, op: int, root: int, avg: int, header: Any
     ) -> None: ...

@@ -266,7 +266,6 @@ class NativeArena:
         self.c.next_buf = arena.next_buf
         self.set_spin()
         self._plans: dict[tuple, object] = {}
-        self._kinds: dict[int, str] = {}  # id(plan) -> its collective, for errors
 
     def set_spin(self) -> None:
         """The Python arena's wait settings (arena.py set_cores), with the compiled
@@ -304,9 +303,7 @@ class NativeArena:
         if plan is None:
             if len(self._plans) >= 4096:
                 self._plans.clear()
-                self._kinds.clear()
             plan = self._plans[key] = _native.Plan(kind, dtype_code, op, root, divisor, header)
-            self._kinds[id(plan)] = kind_name(kind)  # (the plan is held in _plans)
         return plan
 
     def call_path(
@@ -330,7 +327,7 @@ class NativeArena:
 
     def run(
         self,
-        plan: object,
+        plan: Any,  # a _native.Plan
         inp: np.ndarray | None,
         out: np.ndarray | None,
         seq: int,
@@ -346,7 +343,7 @@ class NativeArena:
         rc = c.run(plan, inp, out, seq, BUDGET_NS, shared)
         while rc:
             if rc == FAILED:
-                raise single_copy_error(c.failure, c.failure[1], self._kinds[id(plan)])
+                raise single_copy_error(c.failure, c.failure[1], kind_name(plan.collective))
             if rc == PENDING:
                 poll(c.target)
             elif rc == CHECK:
