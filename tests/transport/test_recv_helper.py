@@ -120,6 +120,41 @@ def test_the_helper_follows_the_machines_load_or_the_switch(pair, tmp_path) -> N
         _let_go(t0)
 
 
+@pytest.mark.timeout(60)
+def test_pieces_whose_ends_arrive_apart_still_go_to_the_helper(pair) -> None:
+    """The sender pauses a few bytes short of every piece boundary (as a loaded machine's
+    reads end anywhere): the tail of a piece is read into the piece, not into the read
+    buffer with the next piece's start, so a boundary is reached with nothing read ahead
+    and the helper takes the rest there."""
+    t0, t1 = pair
+    n = receiving.RECV_HELPER_BYTES * 2
+    used = _started(t0, "1")
+    m, pieces = _sink(n)
+    payload = np.arange(n, dtype=np.uint8)
+    sock = t1._conns[0].sock
+    stream = memoryview(_data(1, 0, n).pack() + payload.tobytes())
+    head = len(stream) - n
+    pauses = [head + k * receiving.SINK_BYTES - 100 for k in range(1, n // receiving.SINK_BYTES)]
+
+    def write() -> None:
+        done = 0
+        for end in [*pauses, len(stream)]:
+            while done < end:
+                try:
+                    done += sock.send(stream[done:end])
+                except BlockingIOError:
+                    time.sleep(0.001)
+            time.sleep(0.05)  # the reader drains what came and waits in the selector
+
+    w = threading.Thread(target=write)
+    w.start()
+    t0.exchange([], [m], time.monotonic() + 20, 77)
+    w.join(10)
+    assert b"".join(pieces) == payload.tobytes()
+    assert used, "no piece boundary was reached clean: the helper never took the payload"
+    _let_go(t0)
+
+
 def test_the_switch_is_checked() -> None:
     with pytest.raises(ValueError, match=re.escape("auto | 1 | 0")) as err:
         _config.get("PYCOLLECTIVE_TCP_RECV_HELPER", {"PYCOLLECTIVE_TCP_RECV_HELPER": "maybe"})

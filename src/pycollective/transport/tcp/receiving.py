@@ -70,7 +70,13 @@ class Receiving(TransportState):
                             return
                         continue
                 left = view.nbytes - got
-                if left >= _DIRECT_BYTES:
+                # A sink's piece with more to follow is read to its end in place even
+                # when little is left: through the read buffer, its tail would come with
+                # the next piece's start, and a boundary reached with bytes read ahead
+                # can never go to the receive helper (_hand_read).
+                target = conn.target
+                sink_mid = got and conn.left and target is not None and target.sink is not None
+                if left >= _DIRECT_BYTES or sink_mid:
                     if drained:
                         return
                     if self._hand_read(conn):
