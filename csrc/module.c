@@ -15,6 +15,7 @@
 #include "peermem.h"
 #include "plan.h"
 #include "sockio.h"
+#include "swapio.h"
 
 int pyc_get_buffer(PyObject *obj, Py_buffer *view, int writable, const char *what)
 {
@@ -36,6 +37,9 @@ static PyMethodDef module_methods[] = {
      "peer_read(pid, address, nbytes) -> bytes read from another process (at most 4096)"},
     {"recv_reduce", (PyCFunction)(void (*)(void))pyc_mod_recv_reduce, METH_FASTCALL,
      "recv_reduce(fd, dst, scratch, have, op, dtype, budget) -> (read, reduced, have, status)"},
+    {"swap_round", (PyCFunction)(void (*)(void))pyc_mod_swap_round, METH_FASTCALL,
+     "swap_round(fd, head, payload, rbuf, spin, into, dst, op, dtype) -> "
+     "(sent, end, send_err, recv_status, spun, landed)"},
     {NULL, NULL, 0, NULL},
 };
 

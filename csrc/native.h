@@ -17,6 +17,7 @@
  *   callpath.c    CallPath: the per-call path of repeated calls (ProcessGroup.fast)
  *   dispatch.c    the kernel set for this CPU, and reduce()
  *   sockio.c      a TCP payload read and reduced as it arrives (the cross-host path)
+ *   swapio.c      one round of the repeated small swap over TCP: send, poll, reduce
  *   module.c      the module: its types, functions and constants
  *   kernels*.c    the fused reductions, once per instruction set
  */

@@ -49,6 +49,18 @@ def test_repeated_calls_give_the_regular_paths_bits(scenario: str) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_the_python_round_gives_the_compiled_rounds_bits() -> None:
+    """PYCOLLECTIVE_NATIVE=0: a small swap's round in the Python loop (the reference)
+    instead of the compiled core's, every dtype and op of the "bits" job alike."""
+    compiled = _job("bits")
+    python = _job("bits", env={"PYCOLLECTIVE_NATIVE": "0"})
+    for c, p in zip(compiled, python, strict=True):
+        assert c.returncode == 0 and p.returncode == 0, (describe(c), describe(p))
+        assert tagged(c, "DIGEST") == tagged(p, "DIGEST"), (describe(c), describe(p))
+        assert tagged(c, "FAST")[0]["calls"] > 10 and tagged(p, "FAST")[0]["calls"] > 10
+
+
+@pytest.mark.timeout(120)
 def test_repeated_large_calls_read_straight_into_place_with_the_regular_paths_bits() -> None:
     """all_reduce of 1.2 MiB (over the read buffer: the payload is read into the swap's
     destination, the send's rest written in between), SUM, MAX and AVG taking turns
@@ -123,13 +135,20 @@ def test_a_timeout_in_a_repeated_call_names_the_rank_waited_on() -> None:
 # ---------------------------------------------------------------- TCPTransport.swap alone
 
 
-def _transports():
+def _transports(compiled: bool = True):
+    """Two transports over a socket pair; `compiled`: a small swap's round runs in the
+    compiled core (csrc/swapio.c), else in the Python loop (the reference)."""
     import socket  # noqa: PLC0415
 
     from pycollective.transport.tcp import TCPTransport  # noqa: PLC0415
 
     a, b = socket.socketpair()
-    return TCPTransport(0, 2, {1: a}), TCPTransport(1, 2, {0: b}), a, b
+    t0, t1 = TCPTransport(0, 2, {1: a}), TCPTransport(1, 2, {0: b})
+    for t in (t0, t1):
+        assert (t._round is not None) or not compiled, "the compiled core is not built"
+        if not compiled:
+            t._round = None
+    return t0, t1, a, b
 
 
 def _data_header(seq: int, nbytes: int):
@@ -154,14 +173,15 @@ def _regular(t, h, payload: bytes, into: bytearray, deadline: float) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_a_partial_send_goes_on_the_regular_way() -> None:
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+def test_a_partial_send_goes_on_the_regular_way(compiled: bool) -> None:
     import socket  # noqa: PLC0415
     import threading  # noqa: PLC0415
     import time  # noqa: PLC0415
 
     from pycollective.transport.tcp import transport as tt  # noqa: PLC0415
 
-    t0, t1, a, b = _transports()
+    t0, t1, a, b = _transports(compiled)
     for s in (a, b):  # small socket buffers: 16 KiB does not fit at once
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -183,13 +203,14 @@ def test_a_partial_send_goes_on_the_regular_way() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_frames_before_and_behind_the_expected_one_are_read_in_order() -> None:
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+def test_frames_before_and_behind_the_expected_one_are_read_in_order(compiled: bool) -> None:
     import time  # noqa: PLC0415
 
     from pycollective.transport._base import InMessage, OutMessage  # noqa: PLC0415
     from pycollective.transport.tcp import transport as tt  # noqa: PLC0415
 
-    t0, t1, _, _ = _transports()
+    t0, t1, _, _ = _transports(compiled)
     deadline = time.monotonic() + 10
     p2p = _p2p_header(5, 4)
     # rank 1: a point-to-point message, then its data, then another message right behind
@@ -218,10 +239,11 @@ def test_frames_before_and_behind_the_expected_one_are_read_in_order() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_a_swap_declines_what_it_does_not_expect_untouched() -> None:
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+def test_a_swap_declines_what_it_does_not_expect_untouched(compiled: bool) -> None:
     from pycollective.transport.tcp import transport as tt  # noqa: PLC0415
 
-    t0, t1, _, _ = _transports()
+    t0, t1, _, _ = _transports(compiled)
     h = _data_header(0, 8)
     assert t0.swap(1, h, memoryview(b"x" * 4), memoryview(bytearray(8))) == tt.SWAP_DECLINED
     t0.interrupt("stop")

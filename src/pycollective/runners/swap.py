@@ -28,9 +28,14 @@ from typing import Any
 
 import numpy as np
 
+from .._reduce_ops import ReduceOp, fold_codes
 from ..transport._base import InMessage, OutMessage
 from ..transport._wire import Header
-from ..transport.tcp.transport import SWAP_DONE, SWAP_PENDING  # what TCPTransport.swap returns
+from ..transport.tcp.transport import (  # what TCPTransport.swap returns
+    SWAP_DONE,
+    SWAP_FOLDED,
+    SWAP_PENDING,
+)
 
 _new_header = tuple.__new__  # Header from a tuple, without NamedTuple's argument handling
 MAX_SIGS = 16  # signatures remembered (the oldest is replaced)
@@ -97,7 +102,7 @@ class _Sig:
 
     __slots__ = (
         "type", "key", "dtype", "shape", "nbytes", "peer", "head", "tail", "kernel",
-        "into", "tmp", "prepared", "fields", "tag", "steps",
+        "into", "tmp", "prepared", "fields", "tag", "steps", "fold",
     )  # fmt: skip
     type: type
     key: Any  # the op object as the caller passed it
@@ -114,6 +119,7 @@ class _Sig:
     fields: tuple[Any, ...]
     tag: int
     steps: tuple[_Step, ...] | None  # None: the one swap of the whole buffer
+    fold: tuple[int, int] | None  # the kernel's codes for the compiled round, if it has them
 
 
 class _Resume:
@@ -175,6 +181,7 @@ class SwapFast:
         g.head = prepared.head
         g.tail = prepared.tail[:2] + (obj.nbytes,)
         g.kernel = prepared.kernel
+        g.fold = fold_codes(spec.op, spec.dtype) if spec.op != ReduceOp.AVG else None
         g.into = memoryview(bytearray(obj.nbytes))
         g.tmp = np.frombuffer(g.into, dtype=obj.dtype).reshape(obj.shape)
         g.prepared = prepared
@@ -216,7 +223,7 @@ class SwapFast:
         else:
             return False
         flags = obj.flags
-        if not (flags.c_contiguous and flags.writeable):
+        if not (flags.c_contiguous and flags.writeable and flags.aligned):
             return False
         gs = self.group.state
         if gs.failed is not None or self.world.closed:
@@ -248,10 +255,15 @@ class SwapFast:
             # (bytes: a partial send goes on from a byte offset, queued as any payload)
             raw = memoryview(obj).cast("B")  # type: ignore[arg-type]  # numpy types __buffer__ for 3.12+
             if g.steps is None:
-                rc = transport.swap(g.peer, header, raw, g.into, True)
+                fold = g.fold
+                rc = transport.swap(
+                    g.peer, header, raw, g.into, True, None if fold is None else (raw, *fold)
+                )
                 step, pending = 0, True
                 if rc == SWAP_DONE:
                     g.kernel(obj, g.tmp)
+                elif rc == SWAP_FOLDED:  # reduced into obj by the compiled round
+                    rc = SWAP_DONE
             else:
                 step, pending = _run_steps(transport, g, obj, raw, seq, 0)
                 rc = SWAP_DONE if step == len(g.steps) else -1

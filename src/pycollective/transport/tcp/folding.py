@@ -2,7 +2,8 @@
 recv_reduce, if the extension is there, agrees with this package's codes and is wanted
 (PYCOLLECTIVE_TCP_NATIVE=1, off by default; PYCOLLECTIVE_NATIVE). receiving.py calls it
 for a sink whose receive says what its reduction is (InMessage.fold); otherwise, and
-under TLS, the payload goes through the window to the sink in Python (the reference)."""
+under TLS, the payload goes through the window to the sink in Python (the reference).
+It also hands swap.py the compiled round of the small swap (`compiled_round`)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,15 @@ def native_fold() -> RecvReduce | None:
     if _config.get("PYCOLLECTIVE_NATIVE") != "1" or _config.get("PYCOLLECTIVE_TCP_NATIVE") != "1":
         return None
     return compiled()
+
+
+SwapRound = Callable[..., tuple[int, int, int, int, int, int]]
+
+
+def compiled_round() -> SwapRound | None:
+    """The extension's swap_round (swap.py: one round of the small swap, sent, polled
+    for and reduced with the GIL released) if the compiled core is usable and wanted
+    (PYCOLLECTIVE_NATIVE, on by default), else None: the Python loop, the reference."""
+    if _config.get("PYCOLLECTIVE_NATIVE") != "1" or _native is None or not _agrees(_native):
+        return None
+    return getattr(_native, "swap_round", None)

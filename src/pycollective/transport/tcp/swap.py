@@ -6,6 +6,7 @@ straight into the destination, the send's rest written in between."""
 
 from __future__ import annotations
 
+import os
 import time
 
 from ..._errors import CollectiveError
@@ -19,6 +20,7 @@ from .progress import SPIN_MAX, Progress
 from .stash import Stash
 
 SWAP_DONE, SWAP_PENDING, SWAP_DECLINED = 0, 1, -1  # what TCPTransport.swap returns
+SWAP_FOLDED = 2  # SWAP_DONE, the payload reduced into the caller's buffer already (`fold`)
 # The largest payload a swap takes: the caller keeps a destination this large per call
 # signature (runners/swap.py), and beyond a few MiB the ring, not one swap, is the schedule.
 SWAP_MAX_BYTES = 4 << 20
@@ -37,6 +39,7 @@ class Swapping(Progress):
         payload: memoryview,
         into: memoryview,
         ready: bool = False,
+        fold: tuple[memoryview, int, int] | None = None,
     ) -> int:
         """The lean way of the commonest exchange: one frame of `header` (a collective's
         DATA frame) and `payload` to `peer`, and one frame back from it with the very same
@@ -54,7 +57,13 @@ class Swapping(Progress):
         when anything else happened (the first bytes back are not that frame, a partial
         send, a wait past the budget, a lost connection): everything is then in the
         regular state (the send queued, the receive posted, what was read in the buffer),
-        and `swap_finish` goes on as `exchange` does (the same errors, deadline, probes)."""
+        and `swap_finish` goes on as `exchange` does (the same errors, deadline, probes).
+
+        With `fold` (dst, op, dtype: pycollective._native's kernel codes, dst aligned and
+        as long as the payload), a frame small enough for the read buffer may be sent,
+        polled for and reduced (dst = dst op payload) by the compiled core in one call
+        (`_round`, the GIL released): SWAP_FOLDED then says the reduction is done; any
+        other result leaves it to the caller, as without `fold`."""
         conn = self._conns[peer]
         nbytes = header.nbytes
         if nbytes != payload.nbytes or nbytes != into.nbytes:
@@ -74,6 +83,8 @@ class Swapping(Progress):
             return SWAP_PENDING
         if nbytes > _RBUF_BYTES - _wire.SIZE:
             return self._swap_large(conn, header, head, payload, into, early)
+        if early is None and self._round is not None:
+            return self._swap_compiled(conn, header, head, payload, into, fold)
         sock = conn.sock
         total = _wire.SIZE + nbytes
         try:
@@ -139,6 +150,55 @@ class Swapping(Progress):
             return SWAP_PENDING
         m = InMessage(peer, header, into)
         self._swap = (None, header, (out,), (m,), spun)
+        return SWAP_PENDING
+
+    def _swap_compiled(
+        self,
+        conn: Conn,
+        header: Header,
+        head: bytes,
+        payload: memoryview,
+        into: memoryview,
+        fold: tuple[memoryview, int, int] | None,
+    ) -> int:
+        """`swap`'s small frame by the compiled round (csrc/swapio.c): the same send,
+        polling and checks as the Python loop below, which stays the reference; what it
+        leaves is settled here the same way."""
+        spin = self._spin if self._interrupted is None else 0.0
+        dst, op, dtype = fold if fold is not None else (None, 0, 0)
+        sent, end, send_err, recv_status, spun, landed = self._round(  # type: ignore[misc]
+            conn.sock.fileno(), head, payload, conn.rbuf, spin, into, dst, op, dtype
+        )
+        total = _wire.SIZE + header.nbytes
+        if landed and sent == total:  # (landed: all sent, exactly our frame came, no more)
+            conn.rpos = conn.rend = 0
+            conn.last = header
+            if spin:
+                self._spin = min(2 * spin, SPIN_MAX)
+            return SWAP_DONE if dst is None else SWAP_FOLDED
+        if send_err:
+            self._lose(conn, f"send failed: {os.strerror(send_err)}")
+        out = OutMessage(conn.peer, header, payload)
+        self._settle_send(conn, out, head, sent)
+        conn.rpos, conn.rend = 0, end
+        if recv_status:
+            self._lose(
+                conn,
+                "connection closed by peer (process exited or crashed?)"
+                if recv_status < 0
+                else f"connection error: {os.strerror(recv_status)}",
+            )
+        elif out.done and end > total and conn.rbuf[: _wire.SIZE] == head:
+            # Our frame and more behind it (the peer's next frames): the regular way reads those.
+            into[:] = conn.rbuf[_wire.SIZE : total]
+            conn.rpos = total
+            conn.last = header
+            if spin:
+                self._spin = min(2 * spin, SPIN_MAX)
+            m = InMessage(conn.peer, header, into, done=True)
+            self._swap = (None, header, (out,), (m,), False)
+            return SWAP_PENDING
+        self._swap = (None, header, (out,), (InMessage(conn.peer, header, into),), bool(spun))
         return SWAP_PENDING
 
     def _settle_send(self, conn: Conn, out: OutMessage, head: bytes, sent: int) -> None:

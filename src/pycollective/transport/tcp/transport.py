@@ -29,7 +29,7 @@ from .._wire import Header
 from . import aborts
 from .matching import MAX_FRAME_BYTES, STASH_FIRST
 from .progress import PROBE_AFTER
-from .swap import SWAP_DECLINED, SWAP_DONE, SWAP_PENDING, Swapping
+from .swap import SWAP_DECLINED, SWAP_DONE, SWAP_FOLDED, SWAP_PENDING, Swapping
 
 log = logging.getLogger("pycollective.transport")
 
@@ -41,6 +41,7 @@ __all__ = [
     "STASH_FIRST",
     "SWAP_DECLINED",
     "SWAP_DONE",
+    "SWAP_FOLDED",
     "SWAP_PENDING",
     "TCPTransport",
 ]
