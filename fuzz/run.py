@@ -7,8 +7,9 @@ Each target runs under atheris in a process of its own, seeded with fuzz/corpus/
 bounds on an input's time (-timeout) and the process's memory (-rss_limit_mb). A crash,
 a contract broken, a hang or a blown memory bound stops the target; its input is written
 to out/fuzz/TARGET/ and the run fails, naming it and the command that replays it.
-`--native` runs arena_words against a build of the compiled core instrumented for
-coverage and AddressSanitizer (python -m fuzz.native; clang needed).
+`--native` runs NATIVE_TARGETS (arena_words; transport_frames, whose swap takes the
+compiled round) against a build of the compiled core instrumented for coverage and
+AddressSanitizer (python -m fuzz.native; clang needed).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import TARGETS
+
+NATIVE_TARGETS = ("arena_words", "transport_frames")  # the targets that reach compiled code
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "fuzz" / "corpus"
@@ -106,7 +109,7 @@ def main() -> None:
     ap.add_argument("targets", nargs="*", default=list(TARGETS))
     ap.add_argument("--seconds", type=float, default=float(os.environ.get("FUZZ_SECONDS", "60")))
     ap.add_argument("--out", type=Path, default=REPO / "out" / "fuzz")
-    ap.add_argument("--native", action="store_true", help="arena_words on an ASan build")
+    ap.add_argument("--native", action="store_true", help="NATIVE_TARGETS on an ASan build")
     args = ap.parse_args()
     unknown = set(args.targets) - set(TARGETS)
     if unknown:
@@ -114,7 +117,7 @@ def main() -> None:
     failed = []
     for target in args.targets:
         env = None
-        if args.native and target == "arena_words":
+        if args.native and target in NATIVE_TARGETS:
             from . import native
 
             env = native.environment(native.build(args.out / "native"))
