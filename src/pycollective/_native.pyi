@@ -16,6 +16,17 @@ def peer_read(pid: int, address: int, nbytes: int) -> bytes: ...
 def recv_reduce(
     fd: int, dst: Any, scratch: Any, have: int, op: int, dtype: int, budget: int
 ) -> tuple[int, int, int, int]: ...
+def swap_round(
+    fd: int,
+    head: Any,
+    payload: Any,
+    rbuf: Any,
+    spin: float,
+    into: Any,
+    dst: Any,
+    op: int,
+    dtype: int,
+) -> tuple[int, int, int, int, int, int]: ...
 
 class Plan:
     collective: int  # read-only: the code it was made with

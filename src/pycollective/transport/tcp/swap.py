@@ -166,7 +166,7 @@ class Swapping(Progress):
         leaves is settled here the same way."""
         spin = self._spin if self._interrupted is None else 0.0
         dst, op, dtype = fold if fold is not None else (None, 0, 0)
-        sent, end, send_err, recv_status, spun, landed = self._round(  # type: ignore[misc]
+        sent, end, send_err, recv_status, spun, landed = self._round(
             conn.sock.fileno(), head, payload, conn.rbuf, spin, into, dst, op, dtype
         )
         total = _wire.SIZE + header.nbytes
