@@ -61,6 +61,7 @@ BOTH = (
     # a small swap's compiled round (send, poll, reduce; GIL released): numpy's bits, what
     # it hands over, its argument checks; and repeated calls of a real 2-rank TCP job
     "tests/transport/test_swap_round.py",
+    "tests/security/test_swap_round_attacks.py",
     "tests/transport/test_swap_path.py::test_repeated_calls_give_the_regular_paths_bits[mixed]",
     f"{SHM}test_battery_with_transport_forced[shm-3]",
     # the compiled per-call path: the Python reference's bits (small calls, and large ones
