@@ -137,10 +137,7 @@ class Swapping(Progress):
         conn.rend = end
         if out.done and end >= total and raw.startswith(head):
             into[:] = buf[_wire.SIZE : total]
-            conn.rpos = total
-            conn.last = header
-            if spin:
-                self._spin = min(2 * spin, SPIN_MAX)
+            self._took(conn, header, total, spin)
             if end == total:
                 conn.rpos = conn.rend = 0
                 return SWAP_DONE
@@ -171,10 +168,8 @@ class Swapping(Progress):
         )
         total = _wire.SIZE + header.nbytes
         if landed and sent == total:  # (landed: all sent, exactly our frame came, no more)
-            conn.rpos = conn.rend = 0
-            conn.last = header
-            if spin:
-                self._spin = min(2 * spin, SPIN_MAX)
+            conn.rend = 0
+            self._took(conn, header, 0, spin)
             return SWAP_DONE if dst is None else SWAP_FOLDED
         if send_err:
             self._lose(conn, f"send failed: {os.strerror(send_err)}")
@@ -191,15 +186,20 @@ class Swapping(Progress):
         elif out.done and end > total and conn.rbuf[: _wire.SIZE] == head:
             # Our frame and more behind it (the peer's next frames): the regular way reads those.
             into[:] = conn.rbuf[_wire.SIZE : total]
-            conn.rpos = total
-            conn.last = header
-            if spin:
-                self._spin = min(2 * spin, SPIN_MAX)
+            self._took(conn, header, total, spin)
             m = InMessage(conn.peer, header, into, done=True)
             self._swap = (None, header, (out,), (m,), False)
             return SWAP_PENDING
         self._swap = (None, header, (out,), (InMessage(conn.peer, header, into),), bool(spun))
         return SWAP_PENDING
+
+    def _took(self, conn: Conn, header: Header, rpos: int, spin: float) -> None:
+        """Our frame was read whole from the read buffer, up to `rpos`, within the polling
+        budget `spin`: it is the connection's last, and the budget may grow."""
+        conn.rpos = rpos
+        conn.last = header
+        if spin:
+            self._spin = min(2 * spin, SPIN_MAX)
 
     def _settle_send(self, conn: Conn, out: OutMessage, head: bytes, sent: int) -> None:
         """After a swap's sends: `out` done if all `sent`, else (the connection alive) its
