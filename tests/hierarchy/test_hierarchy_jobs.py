@@ -70,7 +70,6 @@ def _correctness_job(hosts: str, transport: str, native: bool = True):
         ("abab", "auto", True),  # hosts interleaved in rank order
         ("aab", "auto", True),  # uneven 2 + 1: the leader variant
         ("aaabbc", "auto", True),  # uneven 3 + 2 + 1
-        ("aab", "tcp", True),
         ("aabb", "tcp", True),  # no arena: intra-host steps over TCP too
     ],
 )
