@@ -50,6 +50,8 @@ if os.environ.get("FAST_TEST_RECHECK"):
 def fast_counts() -> None:
     fast = dist.group.WORLD.fast
     counts = None if fast is None else {"calls": fast.calls, "handed": fast.handed}
+    if counts is not None and hasattr(fast, "folded"):  # (the TCP path's, runners/swap.py)
+        counts["folded"] = fast.folded
     print("FAST " + json.dumps(counts), flush=True)
 
 

@@ -57,7 +57,10 @@ def test_the_python_round_gives_the_compiled_rounds_bits() -> None:
     for c, p in zip(compiled, python, strict=True):
         assert c.returncode == 0 and p.returncode == 0, (describe(c), describe(p))
         assert tagged(c, "DIGEST") == tagged(p, "DIGEST"), (describe(c), describe(p))
-        assert tagged(c, "FAST")[0]["calls"] > 10 and tagged(p, "FAST")[0]["calls"] > 10
+        (fc,), (fp,) = tagged(c, "FAST"), tagged(p, "FAST")
+        assert fc["calls"] > 10 and fp["calls"] > 10, (fc, fp)
+        # the compiled round reduced most calls itself; the Python round none
+        assert fc["folded"] > 10 and fp["folded"] == 0, (fc, fp)
 
 
 @pytest.mark.timeout(120)

@@ -149,6 +149,7 @@ class SwapFast:
         self._evict = 0
         self.calls = 0  # calls this path ran (tests, benchmarks)
         self.handed = 0  # of which handed to `finish`
+        self.folded = 0  # of which reduced by the transport's compiled round (SWAP_FOLDED)
 
     @property
     def size(self) -> int:
@@ -264,6 +265,7 @@ class SwapFast:
                     g.kernel(obj, g.tmp)
                 elif rc == SWAP_FOLDED:  # reduced into obj by the compiled round
                     rc = SWAP_DONE
+                    self.folded += 1
             else:
                 step, pending = _run_steps(transport, g, obj, raw, seq, 0)
                 rc = SWAP_DONE if step == len(g.steps) else -1
