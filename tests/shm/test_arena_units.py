@@ -4,6 +4,7 @@ many chunks and both halves)."""
 
 from __future__ import annotations
 
+import errno
 import multiprocessing as mp
 import os
 import stat
@@ -338,3 +339,59 @@ def test_a_peer_that_arrived_and_then_exited_is_not_lost_to_the_call() -> None:
     group = LocalGroup(me, (0, 1), 7, _LeavingPeer(None))
     with pytest.raises(TransportError, match="rank 0 lost rank 1"):
         group._poller(header, time.monotonic() + 60, "barrier", check_calls=False)(target)
+
+
+class _FailedCall:
+    """A compiled call that failed in single copy with arena rank 2 (FAILED, c.failure)."""
+
+    failure = (errno.ESRCH, 2)
+
+
+class _Told:
+    """A transport that has read `notice` (an abort notice) and sees `lost` gone."""
+
+    def __init__(self, lost: dict[int, str], notice: Exception | None = None) -> None:
+        self.lost, self.notice = lost, notice
+
+    def check_group(self, *args) -> None:
+        if self.notice is not None:
+            raise self.notice
+
+    def lost_peers(self) -> dict[int, str]:
+        return self.lost
+
+
+@pytest.mark.parametrize(
+    "lost,notice,expected",
+    [
+        # rank 2 raised for rank 0's loss and exited while rank 1 read its buffer
+        ({0: "closed by peer", 2: "closed by peer"}, None, "rank 1 lost rank 0"),
+        ({2: "closed by peer"}, "rank 2 lost rank 0", "rank 2 lost rank 0"),
+        # nothing else known: the single copy's own error, naming the rank it read
+        ({2: "closed by peer"}, None, "single-copy all_reduce with rank 2 failed: ESRCH"),
+        ({}, None, "single-copy all_reduce with rank 2 failed: ESRCH"),
+    ],
+)
+def test_a_single_copy_that_found_its_peer_gone_names_the_first_failure(
+    lost, notice, expected
+) -> None:
+    """A peer's process gone in the middle of a single copy (ESRCH) is most often a peer
+    that raised for another member's loss and exited: every survivor must name the rank
+    that failed first, not the one that left after it."""
+    from pycollective._errors import CollectiveError, TransportError
+    from pycollective.runners.arena import LocalGroup
+    from pycollective.runners.native import finish_call
+    from pycollective.shm.native import FAILED
+    from pycollective.transport._wire import DATA, Header
+
+    seg = arena.Segment.create(arena.layout(3, 4096)[2])
+    seg.unlink()
+    me = arena.Arena(seg, 3, 1, 4096)
+    told = _Told(lost, None if notice is None else CollectiveError(notice))
+    group = LocalGroup(me, (0, 1, 2), 7, told)  # type: ignore[arg-type]
+    header = Header(DATA, 1, 2, 0, 3, 7, 10, 0, 0, 1 << 18, 0)
+    with pytest.raises((TransportError, CollectiveError), match=expected):
+        finish_call(
+            _FailedCall(), FAILED, group, header, time.monotonic() + 60, "all_reduce",
+            "all_reduce", None,
+        )  # fmt: skip

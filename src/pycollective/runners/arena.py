@@ -211,6 +211,23 @@ class LocalGroup:
                 ) from exc
         return views
 
+    def raise_known_cause(self, header: Header, culprit: int) -> None:
+        """Raise what made this call fail, if this rank can tell: a peer's abort notice
+        for it (or an earlier call), or the loss of a member other than `culprit`. A
+        single copy that found `culprit`'s process gone (ESRCH) is most often the end of
+        the story, not its start: `culprit` raised for another member's loss, told us,
+        and exited while we were reading its buffer. Its notice was sent before it
+        exited, so it is already in our socket."""
+        transport = self.transport
+        if transport is None:
+            return
+        transport.check_group(self.group_id, header.seq)
+        lost = transport.lost_peers()
+        me = self.ranks[self.me]
+        for g in self.ranks:
+            if g != culprit and g in lost:
+                raise TransportError(f"rank {me} lost rank {g}: {lost[g]}", peer=g)
+
     def _poller(self, header: Header, deadline: float, label: str, check_calls: bool = True):
         arena = self.arena
         assert arena is not None  # noqa: S101 - only called with an arena

@@ -223,6 +223,7 @@ def finish_call(
     while rc:
         if rc == _shm_native.FAILED:  # every rank of the call raises: see single_copy_error
             code, q = c.failure
+            group.raise_known_cause(header, group.ranks[q])
             raise _shm_native.single_copy_error((code, q), group.ranks[q], collective)
         if rc == _shm_native.PENDING:
             poll(c.target)
