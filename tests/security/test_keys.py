@@ -139,7 +139,7 @@ def test_ranks_whose_keys_differ_fail_at_once_saying_what_to_set(tmp_path) -> No
         ("allreduce",),
         env=env,
         per_rank_env={
-            0: {"PYCOLLECTIVE_TIMEOUT": "8"},
+            0: {"PYCOLLECTIVE_TIMEOUT": "4"},
             1: {"XDG_CONFIG_HOME": str(tmp_path / "other-home")},
         },
         timeout=80,

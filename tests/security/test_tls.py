@@ -124,7 +124,7 @@ def test_a_certificate_of_another_ca_is_refused(tmp_path) -> None:
         0: {
             "PYCOLLECTIVE_TLS_CERT": cert,
             "PYCOLLECTIVE_TLS_KEY": key,
-            "PYCOLLECTIVE_TIMEOUT": "5",
+            "PYCOLLECTIVE_TIMEOUT": "3",
         },
         1: {"PYCOLLECTIVE_TLS_CERT": other[0], "PYCOLLECTIVE_TLS_KEY": other[1]},
     }
