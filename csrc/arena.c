@@ -1,6 +1,7 @@
 /* The arena's collectives as resumable state machines (see arena.h). */
 #include "arena.h"
 
+#include "copy.h"
 #include "peermem.h"
 #include "wait.h"
 #if defined(__x86_64__)
@@ -63,7 +64,7 @@ static inline void copy(ArenaObject *a, void *dst, const void *src, size_t bytes
     if (bytes >= NOGIL_BYTES)
         nogil(a);
     if (dst != src)
-        memmove(dst, src, bytes);
+        pyc_copy(dst, src, bytes); /* slots, buffers and shares never overlap */
 }
 
 /* A copy into the caller's buffer of a call too large to stay in cache: non-temporal

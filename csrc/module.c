@@ -11,6 +11,7 @@
 #include "arena_type.h"
 #include "callpath.h"
 #include "callstate.h"
+#include "copy.h"
 #include "dispatch.h"
 #include "peermem.h"
 #include "plan.h"
@@ -40,6 +41,8 @@ static PyMethodDef module_methods[] = {
     {"swap_round", (PyCFunction)(void (*)(void))pyc_mod_swap_round, METH_FASTCALL,
      "swap_round(fd, head, payload, rbuf, spin, into, dst, op, dtype) -> "
      "(sent, end, send_err, recv_status, spun, landed)"},
+    {"copy", (PyCFunction)(void (*)(void))pyc_mod_copy, METH_FASTCALL,
+     "copy(dst, src): src's bytes into dst (same size, not overlapping)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -18,6 +18,7 @@
  *   dispatch.c    the kernel set for this CPU, and reduce()
  *   sockio.c      a TCP payload read and reduced as it arrives (the cross-host path)
  *   swapio.c      one round of the repeated small swap over TCP: send, poll, reduce
+ *   copy.c        copies that sidestep memcpy's slow case (a destination skewed 1-31 bytes)
  *   module.c      the module: its types, functions and constants
  *   kernels*.c    the fused reductions, once per instruction set
  */

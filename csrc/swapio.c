@@ -1,6 +1,8 @@
 /* One round of the repeated small swap over TCP (see swapio.h). */
 #include "swapio.h"
 
+#include "copy.h"
+
 #include <errno.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -74,7 +76,7 @@ void pyc_swap_round(int fd, const char *head, size_t head_len, const char *paylo
     r->end = end;
     if (end != total || memcmp(rbuf, head, head_len))
         return;
-    memcpy(into, rbuf + head_len, nbytes); /* aligned for the kernel, as Python's copy */
+    pyc_copy(into, rbuf + head_len, nbytes); /* aligned for the kernel, as Python's copy */
     if (dst && kernel && nbytes) {
         const void *src[2] = {dst, into};
         kernel(dst, src, 2, nbytes / itemsize, 0);

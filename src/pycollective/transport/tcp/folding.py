@@ -3,7 +3,8 @@ recv_reduce, if the extension is there, agrees with this package's codes and is 
 (PYCOLLECTIVE_TCP_NATIVE=1, off by default; PYCOLLECTIVE_NATIVE). receiving.py calls it
 for a sink whose receive says what its reduction is (InMessage.fold); otherwise, and
 under TLS, the payload goes through the window to the sink in Python (the reference).
-It also hands swap.py the compiled round of the small swap (`compiled_round`)."""
+It also hands swap.py the compiled round of the small swap (`compiled_round`), and
+receiving.py the compiled copy out of the read buffer (`compiled_copy`)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,18 @@ def compiled_round() -> SwapRound | None:
     if _config.get("PYCOLLECTIVE_NATIVE") != "1" or _native is None or not _agrees(_native):
         return None
     return getattr(_native, "swap_round", None)
+
+
+# Copies shorter than this stay with memoryview's: glibc's vector moves have no slow case
+# there, and the call would cost more than it saves (csrc/copy.c).
+COPY_FROM_BYTES = 2048
+
+
+def compiled_copy() -> Callable[[memoryview, memoryview], None] | None:
+    """The extension's copy (csrc/copy.c) if the compiled core is usable and wanted
+    (PYCOLLECTIVE_NATIVE), else None: memoryview's own copy, the reference. A payload
+    copied out of the read buffer lies 44 bytes (a header) past a line, and memcpy from
+    there into an aligned destination ran at 2.4-3 GB/s on AMD EPYC against 35-50 GB/s."""
+    if _config.get("PYCOLLECTIVE_NATIVE") != "1" or _native is None:
+        return None
+    return getattr(_native, "copy", None)

@@ -13,7 +13,7 @@ from .. import _wire
 from .._base import InMessage
 from .conn import RBUF_BYTES as _RBUF_BYTES
 from .conn import Conn as _Conn
-from .folding import FOLD_BUDGET_BYTES, FOLD_PIECE_BYTES
+from .folding import COPY_FROM_BYTES, FOLD_BUDGET_BYTES, FOLD_PIECE_BYTES
 from .state import TransportState
 
 _DIRECT_BYTES = 16 * 1024  # payload left beyond this skips the buffer
@@ -57,7 +57,10 @@ class Receiving(TransportState):
                 if avail:
                     k = min(avail, view.nbytes - got)
                     pos = conn.rpos
-                    view[got : got + k] = buf[pos : pos + k]
+                    if k >= COPY_FROM_BYTES and self._copy is not None:
+                        self._copy(view[got : got + k], buf[pos : pos + k])
+                    else:
+                        view[got : got + k] = buf[pos : pos + k]
                     conn.rpos = pos + k
                     self._on_bytes(conn, k)
                     if conn.lost is not None:

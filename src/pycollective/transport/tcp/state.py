@@ -18,7 +18,7 @@ from .._calls import CallTracker
 from .._wire import Header
 from .conn import Conn as _Conn
 from .conn import Poller as _Poller
-from .folding import compiled_round, native_fold
+from .folding import compiled_copy, compiled_round, native_fold
 from .receiver import RecvHelper
 from .sender import SendHelper
 from .stash import Stash, StashPool
@@ -94,6 +94,8 @@ class TransportState(Transport):
         self._fold = native_fold()
         # The compiled round of a small swap (swap.py), or None: the Python loop.
         self._round = compiled_round()
+        # The compiled copy of a payload out of the read buffer (folding.py), or None.
+        self._copy = compiled_copy()
 
     def _reader_wanted(self) -> bool:
         """Whether a large payload goes to the receive helper now."""
