@@ -555,6 +555,46 @@ static int run_single_gather(ArenaObject *a, call_t *c, int64_t end)
     return ST_DONE;
 }
 
+/* ---- broadcast by single copy: every other rank reads the root's buffer straight into
+ * its own (peermem.c) ----
+ *
+ * Phase 0 announces the root's buffer (ADDR). Per byte one copy across processes, by the
+ * reader, where the slots take two (the root's into the slot, the reader's out of it);
+ * the root only waits. The last phase carries every rank's error word, as all_gather's
+ * does: every rank returns DONE or every rank fails, and the root keeps its buffer until
+ * every reader is done with it. */
+/* Broadcast by single copy up to this size. Beyond it the pipeline's copy in (the root)
+ * and copy out (the others), side by side on two cores, beat one reader's copy of it all
+ * once the buffers leave the cache (p=2, AMD EPYC 32 MiB L3, one run each way: 1 / 4 /
+ * 16 MiB 142 / 631 / 2360 us by single copy against 220 / 717 / 2910 us, 32 / 64 MiB 4.42
+ * / 8.84 ms against 3.86 / 6.9 ms). */
+#define BCAST_SINGLE_MAX_BYTES ((size_t)16 << 20)
+
+static int run_single_bcast(ArenaObject *a, call_t *c, int64_t end)
+{
+    const int r = a->rank, root = c->plan.root;
+    switch (c->pc) {
+    case 0:
+        c->target = pyc_bump(a);
+        WAIT_FOR(c->target);
+        nogil(a);
+        c->err = 0;
+        if (r != root) {
+            uint64_t addr[MAX_RANKS];
+            peer_addrs(a, addr);
+            c->err = addr[root] ? pyc_peer_read((pid_t)a->pids[root], c->out, addr[root],
+                                                (size_t)c->n * c->plan.itemsize)
+                                : EINVAL;
+            c->err_peer = root;
+        }
+        st(word(a, r, SC_ERR), c->err);
+        c->target = pyc_bump(a);
+        WAIT_FOR(c->target);
+        return single_verdict(a, c);
+    }
+    return ST_DONE;
+}
+
 static int run_barrier(ArenaObject *a, call_t *c, int64_t end)
 {
     switch (c->pc) {
@@ -582,6 +622,7 @@ int pyc_step(ArenaObject *a, int64_t budget_ns)
     default:
         rc = !c->single                          ? run_pipeline(a, c, end)
              : c->plan.coll == C_REDUCE_SCATTER ? run_single_scatter(a, c, end)
+             : c->plan.coll == C_BROADCAST      ? run_single_bcast(a, c, end)
                                                  : run_single_gather(a, c, end);
     }
     if (a->ts) {
@@ -611,12 +652,13 @@ void pyc_start_call(ArenaObject *a, const PlanObject *plan, char *in, char *out,
      * rank decides alike; peers read ADDR only after this call's first phase. */
     const size_t bytes = (size_t)n * plan->itemsize;
     int single = (plan->coll == C_ALL_REDUCE || plan->coll == C_ALL_GATHER ||
-                  plan->coll == C_REDUCE_SCATTER) &&
+                  plan->coll == C_REDUCE_SCATTER ||
+                  (plan->coll == C_BROADCAST && bytes <= BCAST_SINGLE_MAX_BYTES)) &&
                  a->size > 1 && a->single_bytes > 0 && a->tmp &&
                  bytes >= (size_t)a->single_bytes && bytes > (size_t)a->small_bytes;
-    /* all_reduce's peers read and write its buffer, all_gather's and reduce_scatter's read
-     * its input (n: the count of one block) */
-    char *announced = plan->coll == C_ALL_REDUCE ? out : in;
+    /* all_reduce's peers read and write its buffer, broadcast's read the root's, all_gather's
+     * and reduce_scatter's read its input (n: the count of one block) */
+    char *announced = plan->coll == C_ALL_REDUCE || plan->coll == C_BROADCAST ? out : in;
     st(&blk[ADDR], single ? (int64_t)(uintptr_t)announced : 0);
     st(&blk[SEQ], seq + 1);
 

@@ -1,5 +1,6 @@
-"""The compiled arena's single-copy all_reduce, all_gather and reduce_scatter
-(csrc/arena.c run_single, run_single_gather, run_single_scatter, csrc/peermem.c):
+"""The compiled arena's single-copy all_reduce, broadcast, all_gather and reduce_scatter
+(csrc/arena.c run_single, run_single_bcast, run_single_gather, run_single_scatter,
+csrc/peermem.c):
 results bit for bit the rank-order reference's (every
 rank's input in rank order, in place too), calls of every size interleaved with the
 arena's other collectives; a peer that announces a buffer we cannot reach fails the call
@@ -105,9 +106,12 @@ def _battery(name: str, nbytes: int, p: int, r: int, piece: int, out) -> None:
                 x = every[r].copy()
                 me.call("reduce", dtype, op, p - 1, x, divisor)
                 assert x.tobytes() == (want if r == p - 1 else every[r]).tobytes(), ("reduce", n)
-                x = every[r].copy()
-                me.call("broadcast", dtype, op, 0, x)
-                assert x.tobytes() == every[0].tobytes(), ("broadcast", dt_name, n)
+                for root in (0, p - 1):
+                    x = every[r].copy()
+                    me.call("broadcast", dtype, op, root, x)
+                    assert x.tobytes() == every[root].tobytes(), ("broadcast", dt_name, n, root)
+                    announced = int(me.a.ctrl[r * arena.WORDS + arena.ADDR])
+                    assert announced == (x.ctypes.data if x.nbytes > SMALL else 0), (dt_name, n)
                 gathered = np.concatenate(every)
                 inp = every[r].copy()
                 got = np.full(n * p, 77, dtype.numpy)
@@ -145,6 +149,33 @@ def test_single_copy_matches_the_reference(p: int, piece: int) -> None:
     assert results == {r: None for r in range(p)}
 
 
+BCAST_SINGLE_MAX = 16 << 20  # csrc/arena.c BCAST_SINGLE_MAX_BYTES
+
+
+def _large_broadcasts(name: str, nbytes: int, p: int, r: int, out) -> None:
+    """Broadcasts at single copy's cap and just past it: by single copy, then by the
+    arena's pipeline (announced address 0); the root's bits either way."""
+    try:
+        me = _Rank(name, nbytes, p, r, 64 << 10)
+        dtype = _dtypes.BY_NAME["float32"]
+        seen = []
+        for n in (BCAST_SINGLE_MAX // 4, BCAST_SINGLE_MAX // 4 + 1):
+            want = np.arange(n, dtype=np.float32)
+            x = want.copy() if r == 0 else np.zeros(n, np.float32)
+            me.call("broadcast", dtype, ReduceOp.SUM, 0, x)
+            assert x.tobytes() == want.tobytes(), n
+            seen.append(int(me.a.ctrl[r * arena.WORDS + arena.ADDR]) == x.ctypes.data)
+        out.put((r, seen))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        out.put((r, repr(exc)))
+
+
+@pytest.mark.timeout(120)
+def test_a_broadcast_past_the_cap_goes_through_the_arena() -> None:
+    results = run_on_new_arena(2, SLOT, _large_broadcasts, lambda r: ())
+    assert results == {0: [True, False], 1: [True, False]}
+
+
 def _rogue_or_victim(name: str, nbytes: int, p: int, r: int, coll: str, out) -> None:
     """Rank 0 runs single copy; rank 1 speaks the arena's protocol from Python and
     announces the call (`coll`) with a buffer address nothing is mapped at."""
@@ -160,6 +191,8 @@ def _rogue_or_victim(name: str, nbytes: int, p: int, r: int, coll: str, out) -> 
                     me.call(coll, dtype, ReduceOp.SUM, -1, np.ones(n * p, np.float32), inp=x)
                 elif coll == "reduce_scatter":
                     me.call(coll, dtype, ReduceOp.SUM, -1, x, inp=np.ones(n * p, np.float32))
+                elif coll == "broadcast":  # from the rogue
+                    me.call(coll, dtype, ReduceOp.SUM, 1, x)
                 else:
                     me.call(coll, dtype, ReduceOp.SUM, -1, x)
             except TransportError as exc:
@@ -179,7 +212,8 @@ def _rogue_or_victim(name: str, nbytes: int, p: int, r: int, coll: str, out) -> 
 
         wait(a.bump())  # rank 0's barrier
         count = n * p if coll == "reduce_scatter" else n  # (as _Rank.call announces it)
-        a.announce(1, _wire.KIND_CODE[coll], dtype.code, count, -1, int(ReduceOp.SUM), 0)
+        root = 1 if coll == "broadcast" else -1
+        a.announce(1, _wire.KIND_CODE[coll], dtype.code, count, root, int(ReduceOp.SUM), 0)
         a.ctrl[r * arena.WORDS + arena.ADDR] = 4096  # the first page: never mapped
         wait(a.bump())  # phase 0: announced
         a.ctrl[r * arena.WORDS + arena.SC_ERR] = 0  # it even claims all went well
@@ -191,7 +225,7 @@ def _rogue_or_victim(name: str, nbytes: int, p: int, r: int, coll: str, out) -> 
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("coll", ["all_reduce", "all_gather", "reduce_scatter"])
+@pytest.mark.parametrize("coll", ["all_reduce", "broadcast", "all_gather", "reduce_scatter"])
 def test_a_peer_announcing_an_unreachable_buffer_fails_the_call_on_every_rank(coll: str) -> None:
     results = run_on_new_arena(2, SLOT, _rogue_or_victim, lambda r: (coll,))
     victim, rogue = results[0], results[1]

@@ -130,11 +130,11 @@ class NativeArenaRunner(BaseRunner):
 
     # The group's compiled path of repeated calls (core/group.py `fast`): the collectives it
     # repeats, at most this large (larger calls may share buffers: their Python path maps
-    # the peers' ones), except all_reduce, all_gather and reduce_scatter by single copy,
-    # of any size: the path declines a call whose buffer may be shared memory
+    # the peers' ones), except all_reduce, broadcast, all_gather and reduce_scatter by
+    # single copy, of any size: the path declines a call whose buffer may be shared memory
     # (csrc/callpath.c maybe_mapped). It saves the Python path's few microseconds a call
     # (1 MiB: 92 against 94 us, docs/shm.md).
-    SINGLE_COPY = ("all_reduce", "all_gather", "reduce_scatter")
+    SINGLE_COPY = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
     FAST = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier")
     FAST_BYTES = _coll.SMALL_BYTES
 

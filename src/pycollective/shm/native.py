@@ -220,10 +220,10 @@ def probe_peer(pid: int, address: int, nonce: bytes) -> bool:
 
 
 def single_copy_error(failure: tuple[int, int], rank: int, collective: str) -> TransportError:
-    """The error of a single-copy `collective` (all_reduce, all_gather) that failed on this
-    rank or on a peer (`failure`: the errno and the arena rank it came from; `rank`: that
-    peer's rank as the caller names it). Every rank of the call raises one: no result was
-    returned."""
+    """The error of a single-copy `collective` (all_reduce, broadcast, all_gather,
+    reduce_scatter) that failed on this rank or on a peer (`failure`: the errno and the
+    arena rank it came from; `rank`: that peer's rank as the caller names it). Every rank
+    of the call raises one: no result was returned."""
     code, _ = failure
     name = _errno.errorcode.get(code, str(code))
     return TransportError(
