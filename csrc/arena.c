@@ -562,12 +562,13 @@ static int run_single_gather(ArenaObject *a, call_t *c, int64_t end)
  * reader, where the slots take two (the root's into the slot, the reader's out of it);
  * the root only waits. The last phase carries every rank's error word, as all_gather's
  * does: every rank returns DONE or every rank fails, and the root keeps its buffer until
- * every reader is done with it. */
-/* Broadcast by single copy up to this size. Beyond it the pipeline's copy in (the root)
- * and copy out (the others), side by side on two cores, beat one reader's copy of it all
- * once the buffers leave the cache (p=2, AMD EPYC 32 MiB L3, one run each way: 1 / 4 /
- * 16 MiB 142 / 631 / 2360 us by single copy against 220 / 717 / 2910 us, 32 / 64 MiB 4.42
- * / 8.84 ms against 3.86 / 6.9 ms). */
+ * every reader is done with it.
+ *
+ * Only up to BCAST_SINGLE_MAX_BYTES: beyond it the pipeline's copy in (the root) and copy
+ * out (the others), side by side on two cores, beat one reader's copy of it all once the
+ * buffers leave the cache (p=2, AMD EPYC 32 MiB L3, one run each way: 1 / 4 / 16 MiB
+ * 142 / 631 / 2360 us by single copy against 220 / 717 / 2910 us, 32 / 64 MiB 4.42 /
+ * 8.84 ms against 3.86 / 6.9 ms). */
 #define BCAST_SINGLE_MAX_BYTES ((size_t)16 << 20)
 
 static int run_single_bcast(ArenaObject *a, call_t *c, int64_t end)
