@@ -64,7 +64,7 @@ static inline void copy(ArenaObject *a, void *dst, const void *src, size_t bytes
     if (bytes >= NOGIL_BYTES)
         nogil(a);
     if (dst != src)
-        pyc_copy(dst, src, bytes); /* slots, buffers and shares never overlap */
+        pyc_copy(dst, src, bytes);
 }
 
 /* A copy into the caller's buffer of a call too large to stay in cache: non-temporal

@@ -13,6 +13,11 @@
 
 void pyc_copy(void *dst, const void *src, size_t bytes)
 {
+    const char *dc = dst, *sc = src;
+    if (dc < sc + bytes && sc < dc + bytes) { /* overlapping: memmove's order matters */
+        memmove(dst, src, bytes);
+        return;
+    }
 #if defined(__x86_64__)
     const uintptr_t skew = ((uintptr_t)dst - (uintptr_t)src) & 63;
     if (bytes > BLOCKS_FROM && skew != 0 && skew < 32) {
@@ -53,11 +58,8 @@ PyObject *pyc_mod_copy(PyObject *Py_UNUSED(m), PyObject *const *args, Py_ssize_t
         PyBuffer_Release(&dst);
         return NULL;
     }
-    const char *d = dst.buf, *s = src.buf;
     if (dst.len != src.len)
         PyErr_Format(PyExc_ValueError, "copy: dst has %zd bytes, src %zd", dst.len, src.len);
-    else if (dst.len && d < s + src.len && s < d + dst.len)
-        PyErr_SetString(PyExc_ValueError, "copy: dst and src overlap");
     else
         pyc_copy(dst.buf, src.buf, (size_t)dst.len);
     PyBuffer_Release(&src);

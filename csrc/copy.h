@@ -12,12 +12,12 @@
 
 #include <stddef.h>
 
-/* memcpy(dst, src, bytes) for regions that do not overlap; in the slow case above, by
+/* memmove(dst, src, bytes); for regions that do not overlap in the slow case above, by
  * 64-byte blocks of unaligned loads and aligned stores. */
 void pyc_copy(void *dst, const void *src, size_t bytes);
 
-/* copy(dst, src): src's bytes into dst, of the same size, not overlapping (the TCP
- * receive path's copies out of its read buffer, transport/tcp/receiving.py). */
+/* copy(dst, src): src's bytes into dst, of the same size, as memoryview's assignment
+ * (the TCP receive path's copies out of its read buffer, transport/tcp/receiving.py). */
 PyObject *pyc_mod_copy(PyObject *m, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

@@ -42,7 +42,7 @@ static PyMethodDef module_methods[] = {
      "swap_round(fd, head, payload, rbuf, spin, into, dst, op, dtype) -> "
      "(sent, end, send_err, recv_status, spun, landed)"},
     {"copy", (PyCFunction)(void (*)(void))pyc_mod_copy, METH_FASTCALL,
-     "copy(dst, src): src's bytes into dst (same size, not overlapping)"},
+     "copy(dst, src): src's bytes into dst (same size), as memoryview assignment"},
     {NULL, NULL, 0, NULL},
 };
 
