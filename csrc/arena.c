@@ -477,118 +477,94 @@ static int run_pipeline(ArenaObject *a, call_t *c, int64_t end)
     return ST_DONE;
 }
 
-/* ---- reduce_scatter by single copy: every rank reads its block of each peer's input
- * (peermem.c), piece by piece into the private scratch, and reduces them in rank order
- * with its own into its output: no slot, no copy in. Only reads, as all_gather's. ---- */
-static int run_single_scatter(ArenaObject *a, call_t *c, int64_t end)
+/* ---- reduce_scatter, all_gather and broadcast by single copy: only reads ----
+ *
+ * Phase 0 announces every rank's buffer (ADDR: the input of reduce_scatter and
+ * all_gather, broadcast's buffer). Then each rank reads what it needs of its peers'
+ * straight from them (peermem.c): a peer's memory is never written. The last phase
+ * carries every rank's error word, as run_single's does, so every rank returns DONE or
+ * every rank fails, and no rank lets its buffer go while a peer may still read it. */
+
+/* reduce_scatter: every rank reads its block of each peer's input, piece by piece into
+ * the private scratch, and reduces them in rank order with its own into its output. Per
+ * byte one read across processes and the reduction, where the slots add a copy in. */
+static int scatter_reads(ArenaObject *a, call_t *c, const uint64_t *addr)
 {
-    const int r = a->rank;
     const size_t isz = c->plan.itemsize;
-    switch (c->pc) {
-    case 0:
-        c->target = pyc_bump(a);
-        WAIT_FOR(c->target);
-        nogil(a);
-        c->err = 0;
-        {
-            uint64_t addr[MAX_RANKS];
-            peer_addrs(a, addr);
-            int64_t piece = a->piece_bytes / (int64_t)isz;
-            piece = piece < 1 ? 1 : piece;
-            for (int64_t x = 0; x < c->n && !c->err; x += piece) {
-                const size_t at = ((size_t)r * (size_t)c->n + (size_t)x) * isz; /* my block */
-                const size_t bytes = (size_t)min64(piece, c->n - x) * isz;
-                const void *srcs[MAX_RANKS];
-                c->err = read_peers(a, c, addr, at, bytes, c->in + at, srcs);
-                if (!c->err)
-                    reduce_into(a, c, c->out + (size_t)x * isz, srcs, (int64_t)(bytes / isz));
-            }
-        }
-        st(word(a, r, SC_ERR), c->err);
-        c->target = pyc_bump(a);
-        WAIT_FOR(c->target);
-        return single_verdict(a, c);
+    int64_t piece = a->piece_bytes / (int64_t)isz;
+    piece = piece < 1 ? 1 : piece;
+    for (int64_t x = 0; x < c->n; x += piece) {
+        const size_t at = ((size_t)a->rank * (size_t)c->n + (size_t)x) * isz; /* my block */
+        const size_t bytes = (size_t)min64(piece, c->n - x) * isz;
+        const void *srcs[MAX_RANKS];
+        int err = read_peers(a, c, addr, at, bytes, c->in + at, srcs);
+        if (err)
+            return err;
+        reduce_into(a, c, c->out + (size_t)x * isz, srcs, (int64_t)(bytes / isz));
     }
-    return ST_DONE;
+    return 0;
 }
 
-/* ---- all_gather by single copy: every rank reads each peer's input straight into its
- * own output (peermem.c), no slot in between ----
- *
- * Phase 0 announces every rank's input (ADDR). Then each rank copies its own input into
- * its block of the output and reads every peer's input into that peer's block: per byte
- * one copy across processes, where the slots take two (into the slot, out of it). Only
- * reads: a peer's memory is never written. The last phase carries every rank's error
- * word, as run_single's does, so every rank returns DONE or every rank fails, and no rank
- * lets its input go while a peer may still read it. */
-static int run_single_gather(ArenaObject *a, call_t *c, int64_t end)
+/* all_gather: every rank copies its own input into its block of the output (nothing when
+ * the input is that block: in place) and reads every peer's input straight into that
+ * peer's block. Per byte one copy across processes where the slots take two (in, out). */
+static int gather_reads(ArenaObject *a, call_t *c, const uint64_t *addr)
 {
     const int p = a->size, r = a->rank;
     const size_t block = (size_t)c->n * c->plan.itemsize;
-    switch (c->pc) {
-    case 0:
-        c->target = pyc_bump(a);
-        WAIT_FOR(c->target);
-        nogil(a);
-        c->err = 0;
-        {
-            char *mine = c->out + (size_t)r * block;
-            if (mine + block <= c->in || c->in + block <= mine)
-                copy_out(a, c, mine, c->in, block); /* (non-temporal when large) */
-            else if (mine != c->in)
-                memmove(mine, c->in, block);
-        }
-        uint64_t addr[MAX_RANKS];
-        peer_addrs(a, addr);
-        for (int q = 0; q < p && !c->err; q++) {
-            if (q == r)
-                continue;
-            c->err = addr[q] ? pyc_peer_read((pid_t)a->pids[q], c->out + (size_t)q * block, addr[q], block)
-                             : EINVAL;
+    char *mine = c->out + (size_t)r * block;
+    if (mine + block <= c->in || c->in + block <= mine)
+        copy_out(a, c, mine, c->in, block); /* (non-temporal when large) */
+    else if (mine != c->in)
+        memmove(mine, c->in, block);
+    for (int q = 0; q < p; q++) {
+        if (q == r)
+            continue;
+        int err = addr[q] ? pyc_peer_read((pid_t)a->pids[q], c->out + (size_t)q * block, addr[q], block)
+                          : EINVAL;
+        if (err) {
             c->err_peer = q;
+            return err;
         }
-        st(word(a, r, SC_ERR), c->err);
-        c->target = pyc_bump(a);
-        WAIT_FOR(c->target);
-        return single_verdict(a, c);
     }
-    return ST_DONE;
+    return 0;
 }
 
-/* ---- broadcast by single copy: every other rank reads the root's buffer straight into
- * its own (peermem.c) ----
- *
- * Phase 0 announces the root's buffer (ADDR). Per byte one copy across processes, by the
- * reader, where the slots take two (the root's into the slot, the reader's out of it);
- * the root only waits. The last phase carries every rank's error word, as all_gather's
- * does: every rank returns DONE or every rank fails, and the root keeps its buffer until
- * every reader is done with it.
- *
- * Only up to BCAST_SINGLE_MAX_BYTES: beyond it the pipeline's copy in (the root) and copy
- * out (the others), side by side on two cores, beat one reader's copy of it all once the
- * buffers leave the cache (p=2, AMD EPYC 32 MiB L3, one run each way: 1 / 4 / 16 MiB
- * 142 / 631 / 2360 us by single copy against 220 / 717 / 2910 us, 32 / 64 MiB 4.42 /
- * 8.84 ms against 3.86 / 6.9 ms). */
+/* Broadcast by single copy up to this size. Beyond it the pipeline's copy in (the root)
+ * and copy out (the others), side by side on two cores, beat one reader's copy of it all
+ * once the buffers leave the cache (p=2, AMD EPYC 32 MiB L3, one run each way: 1 / 4 /
+ * 16 MiB 142 / 631 / 2360 us by single copy against 220 / 717 / 2910 us, 32 / 64 MiB
+ * 4.42 / 8.84 ms against 3.86 / 6.9 ms). */
 #define BCAST_SINGLE_MAX_BYTES ((size_t)16 << 20)
 
-static int run_single_bcast(ArenaObject *a, call_t *c, int64_t end)
+/* broadcast: every rank but the root reads the root's buffer straight into its own; the
+ * root only waits. Per byte one copy across processes where the slots take two. */
+static int bcast_reads(ArenaObject *a, call_t *c, const uint64_t *addr)
 {
-    const int r = a->rank, root = c->plan.root;
+    const int root = c->plan.root;
+    if (a->rank == root)
+        return 0;
+    c->err_peer = root;
+    return addr[root] ? pyc_peer_read((pid_t)a->pids[root], c->out, addr[root],
+                                      (size_t)c->n * c->plan.itemsize)
+                      : EINVAL;
+}
+
+static int run_single_reads(ArenaObject *a, call_t *c, int64_t end)
+{
     switch (c->pc) {
     case 0:
         c->target = pyc_bump(a);
         WAIT_FOR(c->target);
         nogil(a);
-        c->err = 0;
-        if (r != root) {
+        {
             uint64_t addr[MAX_RANKS];
             peer_addrs(a, addr);
-            c->err = addr[root] ? pyc_peer_read((pid_t)a->pids[root], c->out, addr[root],
-                                                (size_t)c->n * c->plan.itemsize)
-                                : EINVAL;
-            c->err_peer = root;
+            c->err = c->plan.coll == C_REDUCE_SCATTER ? scatter_reads(a, c, addr)
+                     : c->plan.coll == C_BROADCAST    ? bcast_reads(a, c, addr)
+                                                      : gather_reads(a, c, addr);
         }
-        st(word(a, r, SC_ERR), c->err);
+        st(word(a, a->rank, SC_ERR), c->err);
         c->target = pyc_bump(a);
         WAIT_FOR(c->target);
         return single_verdict(a, c);
@@ -621,10 +597,7 @@ int pyc_step(ArenaObject *a, int64_t budget_ns)
         rc = run_barrier(a, c, end);
         break;
     default:
-        rc = !c->single                          ? run_pipeline(a, c, end)
-             : c->plan.coll == C_REDUCE_SCATTER ? run_single_scatter(a, c, end)
-             : c->plan.coll == C_BROADCAST      ? run_single_bcast(a, c, end)
-                                                 : run_single_gather(a, c, end);
+        rc = c->single ? run_single_reads(a, c, end) : run_pipeline(a, c, end);
     }
     if (a->ts) {
         PyEval_RestoreThread(a->ts);

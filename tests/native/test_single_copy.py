@@ -1,5 +1,5 @@
 """The compiled arena's single-copy all_reduce, broadcast, all_gather and reduce_scatter
-(csrc/arena.c run_single, run_single_bcast, run_single_gather, run_single_scatter,
+(csrc/arena.c run_single, and run_single_reads: scatter_reads, gather_reads, bcast_reads;
 csrc/peermem.c):
 results bit for bit the rank-order reference's (every
 rank's input in rank order, in place too), calls of every size interleaved with the
