@@ -625,7 +625,8 @@ void pyc_start_call(ArenaObject *a, const PlanObject *plan, char *in, char *out,
     /* Single copy: the group's threshold and the count are every rank's alike, so every
      * rank decides alike; peers read ADDR only after this call's first phase. */
     const size_t bytes = (size_t)n * plan->itemsize;
-    int single = (plan->coll == C_ALL_REDUCE || plan->coll == C_ALL_GATHER ||
+    int single = ((plan->coll == C_ALL_REDUCE && bytes >= (size_t)a->single_reduce_bytes) ||
+                  plan->coll == C_ALL_GATHER ||
                   plan->coll == C_REDUCE_SCATTER ||
                   (plan->coll == C_BROADCAST && bytes <= BCAST_SINGLE_MAX_BYTES)) &&
                  a->size > 1 && a->single_bytes > 0 && a->tmp &&

@@ -189,27 +189,31 @@ static PyObject *Arena_set_spin(ArenaObject *a, PyObject *const *args, Py_ssize_
     Py_RETURN_NONE;
 }
 
-/* set_single_copy(min_bytes, piece_bytes, pids): all_reduce calls of at least min_bytes
- * (0: none) by single copy with the processes `pids` (every rank's, in rank order; this
- * rank's ignored), piece_bytes at a time. Every rank of the group must be told alike. */
+/* set_single_copy(min_bytes, piece_bytes, pids, reduce_min_bytes=min_bytes): calls of at
+ * least min_bytes (0: none) by single copy with the processes `pids` (every rank's, in rank
+ * order; this rank's ignored), piece_bytes at a time; all_reduce from reduce_min_bytes
+ * only. Every rank of the group must be told alike. */
 static PyObject *Arena_set_single_copy(ArenaObject *a, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "set_single_copy(min_bytes, piece_bytes, pids)");
+    if (nargs != 3 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "set_single_copy(min_bytes, piece_bytes, pids, reduce_min_bytes=min_bytes)");
         return NULL;
     }
     int64_t min_bytes = PyLong_AsLongLong(args[0]), piece = PyLong_AsLongLong(args[1]);
+    int64_t reduce_min = nargs == 4 ? PyLong_AsLongLong(args[3]) : min_bytes;
     if (PyErr_Occurred())
         return NULL;
     if ((char *)a->ctrl - (char *)a->mem.buf < (H_CLAIM + 1) * 8) {
         PyErr_SetString(PyExc_ValueError, "set_single_copy: the arena has no header");
         return NULL;
     }
-    if (min_bytes < 0 || piece < ALIGN_BYTES || piece > (1LL << 30) || piece % ALIGN_BYTES) {
+    if (min_bytes < 0 || reduce_min < 0 || piece < ALIGN_BYTES || piece > (1LL << 30) ||
+        piece % ALIGN_BYTES) {
         PyErr_Format(PyExc_ValueError,
-                     "set_single_copy: min_bytes >= 0 and piece_bytes a multiple of %d "
-                     "up to 1 GiB, got %lld and %lld", ALIGN_BYTES, (long long)min_bytes,
-                     (long long)piece);
+                     "set_single_copy: min_bytes >= 0, reduce_min_bytes >= 0 and piece_bytes a "
+                     "multiple of %d up to 1 GiB, got %lld, %lld and %lld", ALIGN_BYTES,
+                     (long long)min_bytes, (long long)reduce_min, (long long)piece);
         return NULL;
     }
     PyObject *seq = PySequence_Fast(args[2], "pids must be a sequence of ints");
@@ -244,6 +248,7 @@ static PyObject *Arena_set_single_copy(ArenaObject *a, PyObject *const *args, Py
     PyMem_RawFree(a->tmp);
     a->tmp = tmp;
     a->single_bytes = min_bytes;
+    a->single_reduce_bytes = reduce_min;
     a->piece_bytes = piece;
     memcpy(a->pids, pids, sizeof(int64_t) * (size_t)a->size);
     Py_RETURN_NONE;
@@ -421,8 +426,9 @@ static PyMethodDef Arena_methods[] = {
      "and on a busy one (more runnable tasks than load_cpus; -1: never busy)"},
     {"release", (PyCFunction)Arena_release, METH_NOARGS, "let go of the segment's memory"},
     {"set_single_copy", (PyCFunction)(void (*)(void))Arena_set_single_copy, METH_FASTCALL,
-     "set_single_copy(min_bytes, piece_bytes, pids): all_reduce calls of at least min_bytes "
-     "(0: none) read and write the peers' buffers directly (every rank told alike)"},
+     "set_single_copy(min_bytes, piece_bytes, pids, reduce_min_bytes=min_bytes): calls of at "
+     "least min_bytes (0: none), all_reduce from reduce_min_bytes, read and write the peers' "
+     "buffers directly (every rank told alike)"},
     {NULL, NULL, 0, NULL},
 };
 

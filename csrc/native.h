@@ -123,10 +123,11 @@ typedef struct {
     PyThreadState *ts; /* non-NULL while this call runs without the GIL */
     PyObject *keep[3]; /* the call's input, output and views, alive until it ends */
     int64_t pw_target, pw_t0; /* a wait() from Python in progress */
-    /* Single copy (set_single_copy): all_reduce calls of at least single_bytes read and
-     * write the peers' buffers directly, piece_bytes at a time through tmp; pids are the
-     * peers' processes as verified at set-up (never re-read from their words). */
-    int64_t single_bytes, piece_bytes;
+    /* Single copy (set_single_copy): calls of at least single_bytes (all_reduce: of at
+     * least single_reduce_bytes too) read or write the peers' buffers directly, piece_bytes
+     * at a time through tmp; pids are the peers' processes as verified at set-up (never
+     * re-read from their words). */
+    int64_t single_bytes, single_reduce_bytes, piece_bytes;
     int64_t pids[MAX_RANKS];
     char *tmp;
     int pw_started;

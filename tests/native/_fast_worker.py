@@ -267,7 +267,7 @@ def _repeated(collective: str):
     big = np.ones(LARGE, np.float32)
     return {
         "all_reduce": lambda: dist.all_reduce(x),
-        "all_reduce_large": lambda: dist.all_reduce(big),  # by single copy
+        "all_reduce_large": lambda: dist.all_reduce(big),  # through the arena's pipeline
         "reduce": lambda: dist.reduce(x, dst=0),
         "all_gather": lambda: dist.all_gather_into_tensor(gathered, x),
         "reduce_scatter": lambda: dist.reduce_scatter_tensor(x, gathered),
@@ -393,20 +393,40 @@ def mixed() -> None:
     fast_counts()
 
 
-# float32s of the large calls: above the arena's small calls (256 KiB), so all_reduce goes
-# by single copy, and not a whole number of its 128 KiB pieces
+# float32s of the large calls: above the arena's small calls (256 KiB), so all_gather and
+# reduce_scatter go by single copy (all_reduce too once told: all_reduce_by_single_copy),
+# and not a whole number of its 128 KiB pieces
 LARGE = 300_001
 
 
+def all_reduce_by_single_copy() -> None:
+    """Every rank's compiled arena takes all_reduce by single copy above the small calls,
+    as it does the other collectives: by default it does only from 16 MiB
+    (runners/native.py ALL_REDUCE_SINGLE_COPY_BYTES), past these tests' buffers. Every
+    rank calls this at the same point, between calls; without single copy, nothing."""
+    from pycollective.shm import collectives as _coll
+    from pycollective.shm import native as _shm_native
+
+    runner = dist.group.WORLD._fast_runner
+    if runner is None or not runner.single_copy:
+        return
+    runner.native.c.set_single_copy(
+        _coll.SMALL_BYTES + 1, _shm_native.SINGLE_COPY_PIECE_BYTES,
+        runner.local_group.single_copy_pids, _coll.SMALL_BYTES + 1,
+    )  # fmt: skip
+
+
 def large() -> None:
-    """Repeated all_reduces by single copy (SUM, MAX, AVG taking turns, new data each
-    time), every result digested; then the same signature on a `pycollective.empty`
-    buffer, which the compiled path declines (the Python path tells the peers it is
-    shared): `LARGE json` with how many of those it ran."""
+    """Repeated all_reduces through the arena's pipeline, then by single copy (SUM, MAX,
+    AVG taking turns, new data each time), every result digested; then the same signature
+    on a `pycollective.empty` buffer, which the compiled path declines (the Python path
+    tells the peers it is shared): `LARGE json` with how many of those it ran."""
     h = hashlib.sha256()
     x = np.empty(LARGE, np.float32)
     ops = (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.AVG)
-    for rep in range(12):
+    for rep in range(24):
+        if rep == 12:
+            all_reduce_by_single_copy()
         x[:] = data(_dtypes.BY_NAME["float32"], LARGE, _seed(RANK, rep, "large"))
         dist.all_reduce(x, ops[rep % 3])
         h.update(x.tobytes())
@@ -471,8 +491,9 @@ def unreachable(collective: str = "all_reduce") -> None:
     from pycollective.shm import native as _shm_native
 
     runner.native.c.set_single_copy(
-        _coll.SMALL_BYTES + 1, _shm_native.SINGLE_COPY_PIECE_BYTES, [gone.pid] * P
-    )
+        _coll.SMALL_BYTES + 1, _shm_native.SINGLE_COPY_PIECE_BYTES, [gone.pid] * P,
+        _coll.SMALL_BYTES + 1,  # all_reduce too (by default only from 16 MiB)
+    )  # fmt: skip
     fast_counts()
     attempt("call", call)
     fast_counts()

@@ -176,6 +176,43 @@ def test_a_broadcast_past_the_cap_goes_through_the_arena() -> None:
     assert results == {0: [True, False], 1: [True, False]}
 
 
+def _all_reduces_about_their_threshold(name: str, nbytes: int, p: int, r: int, out) -> None:
+    """With all_reduce's own threshold above the other collectives' (set_single_copy's
+    reduce_min_bytes), an all_reduce just below it goes through the arena's pipeline
+    (announced address 0) and one at it by single copy, while an all_gather below it still
+    goes by single copy; the reference's bits every time."""
+    try:
+        me = _Rank(name, nbytes, p, r, 4096)
+        threshold = 4 * SMALL
+        me.na.c.set_single_copy(
+            1, 4096, [int(me.a.ctrl[q * arena.WORDS + arena.PID]) for q in range(p)], threshold
+        )
+        dtype = _dtypes.BY_NAME["float32"]
+        seen = []
+        for n in (threshold // 4 - 1, threshold // 4):
+            every = [_data(q, n, dtype) for q in range(p)]
+            want = np.empty(n, dtype.numpy)
+            fused_reduce(ReduceOp.SUM, dtype, want, every, 0)
+            x = every[r].copy()
+            me.call("all_reduce", dtype, ReduceOp.SUM, -1, x)
+            assert x.tobytes() == want.tobytes(), n
+            seen.append(int(me.a.ctrl[r * arena.WORDS + arena.ADDR]) == x.ctypes.data)
+        inp = _data(r, SMALL, dtype)
+        got = np.empty(SMALL * p, np.float32)
+        me.call("all_gather", dtype, ReduceOp.SUM, -1, got, inp=inp)
+        assert got.tobytes() == np.concatenate([_data(q, SMALL, dtype) for q in range(p)]).tobytes()
+        seen.append(int(me.a.ctrl[r * arena.WORDS + arena.ADDR]) == inp.ctypes.data)
+        out.put((r, seen))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        out.put((r, repr(exc)))
+
+
+@pytest.mark.timeout(120)
+def test_all_reduce_goes_by_single_copy_from_its_own_threshold() -> None:
+    results = run_on_new_arena(2, SLOT, _all_reduces_about_their_threshold, lambda r: ())
+    assert results == {0: [False, True, True], 1: [False, True, True]}
+
+
 def _rogue_or_victim(name: str, nbytes: int, p: int, r: int, coll: str, out) -> None:
     """Rank 0 runs single copy; rank 1 speaks the arena's protocol from Python and
     announces the call (`coll`) with a buffer address nothing is mapped at."""
@@ -273,6 +310,10 @@ def test_set_single_copy_checks_its_arguments() -> None:
             c.set_single_copy(1, 4096, [1])
         with pytest.raises(ValueError, match="no process"):
             c.set_single_copy(1, 4096, [os.getpid(), 0])
+        with pytest.raises(ValueError, match="reduce_min_bytes >= 0"):
+            c.set_single_copy(1, 4096, [os.getpid(), os.getpid()], -1)
+        with pytest.raises(TypeError, match="reduce_min_bytes"):
+            c.set_single_copy(1, 4096, [os.getpid(), os.getpid()], 1, 2)
         c.set_single_copy(0, 4096, [0, 0])  # off: no pids needed
     finally:
         seg.unlink()

@@ -130,10 +130,11 @@ class NativeArenaRunner(BaseRunner):
 
     # The group's compiled path of repeated calls (core/group.py `fast`): the collectives it
     # repeats, at most this large (larger calls may share buffers: their Python path maps
-    # the peers' ones), except all_reduce, broadcast, all_gather and reduce_scatter by
-    # single copy, of any size: the path declines a call whose buffer may be shared memory
-    # (csrc/callpath.c maybe_mapped). It saves the Python path's few microseconds a call
-    # (1 MiB: 92 against 94 us, docs/shm.md).
+    # the peers' ones), except all_reduce, broadcast, all_gather and reduce_scatter where
+    # single copy is on, of any size (C takes single copy or the pipeline by size: all_reduce
+    # from ALL_REDUCE_SINGLE_COPY_BYTES, broadcast up to 16 MiB): the path declines a call
+    # whose buffer may be shared memory (csrc/callpath.c maybe_mapped). It saves the Python
+    # path's few microseconds a call (1 MiB: 92 against 94 us, docs/shm.md).
     SINGLE_COPY = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
     FAST = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier")
     FAST_BYTES = _coll.SMALL_BYTES
@@ -197,12 +198,24 @@ class NativeArenaRunner(BaseRunner):
         )  # fmt: skip
 
 
+# all_reduce goes by single copy only from this size. Below it the arena's pipeline is
+# faster since its copies skip memcpy's skewed case (csrc/copy.c): there each rank copies
+# only its own share in and the result out, where single copy reads every peer's share
+# across processes and writes the reduced share back into each. p=2 pinned, alternating,
+# pipeline against single copy (AMD EPYC, 32 MiB L3): 1 MiB 91 / 151 us, 4 MiB 302 / 445
+# us, 16 MiB 2.17 / 2.32 ms, 24 MiB 3.79 / 3.85 ms, 32 MiB 5.66 / 4.86 ms (docs/shm.md).
+ALL_REDUCE_SINGLE_COPY_BYTES = (16 << 20) + 1
+
+
 def single_copy(native: _shm_native.NativeArena, group: LocalGroup) -> bool:
     """Turn single copy on in `native` if every rank of `group` offered it at set-up and
     reaches every other (LocalGroup.single_copy_pids); whether it did."""
     pids = group.single_copy_pids
     if pids is not None:
-        native.c.set_single_copy(_coll.SMALL_BYTES + 1, _shm_native.SINGLE_COPY_PIECE_BYTES, pids)
+        native.c.set_single_copy(
+            _coll.SMALL_BYTES + 1, _shm_native.SINGLE_COPY_PIECE_BYTES, pids,
+            ALL_REDUCE_SINGLE_COPY_BYTES,
+        )  # fmt: skip
     return pids is not None
 
 
