@@ -401,7 +401,7 @@ LARGE = 300_001
 
 def all_reduce_by_single_copy() -> None:
     """Every rank's compiled arena takes all_reduce by single copy above the small calls,
-    as it does the other collectives: by default it does only from 16 MiB
+    as it does the other collectives: by default it does only above 4 MiB
     (runners/native.py ALL_REDUCE_SINGLE_COPY_BYTES), past these tests' buffers. Every
     rank calls this at the same point, between calls; without single copy, nothing."""
     from pycollective.shm import collectives as _coll
@@ -492,7 +492,7 @@ def unreachable(collective: str = "all_reduce") -> None:
 
     runner.native.c.set_single_copy(
         _coll.SMALL_BYTES + 1, _shm_native.SINGLE_COPY_PIECE_BYTES, [gone.pid] * P,
-        _coll.SMALL_BYTES + 1,  # all_reduce too (by default only from 16 MiB)
+        _coll.SMALL_BYTES + 1,  # all_reduce too (by default only above 4 MiB)
     )  # fmt: skip
     fast_counts()
     attempt("call", call)

@@ -132,7 +132,7 @@ class NativeArenaRunner(BaseRunner):
     # repeats, at most this large (larger calls may share buffers: their Python path maps
     # the peers' ones), except all_reduce, broadcast, all_gather and reduce_scatter where
     # single copy is on, of any size (C takes single copy or the pipeline by size: all_reduce
-    # from ALL_REDUCE_SINGLE_COPY_BYTES, broadcast up to 16 MiB): the path declines a call
+    # above 4 MiB, broadcast up to 16 MiB): the path declines a call
     # whose buffer may be shared memory (csrc/callpath.c maybe_mapped). It saves the Python
     # path's few microseconds a call (1 MiB: 92 against 94 us, docs/shm.md).
     SINGLE_COPY = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
@@ -203,8 +203,11 @@ class NativeArenaRunner(BaseRunner):
 # only its own share in and the result out, where single copy reads every peer's share
 # across processes and writes the reduced share back into each. p=2 pinned, alternating,
 # pipeline against single copy (AMD EPYC, 32 MiB L3): 1 MiB 91 / 151 us, 4 MiB 302 / 445
-# us, 16 MiB 2.17 / 2.32 ms, 24 MiB 3.79 / 3.85 ms, 32 MiB 5.66 / 4.86 ms (docs/shm.md).
-ALL_REDUCE_SINGLE_COPY_BYTES = (16 << 20) + 1
+# us, 16 MiB 2.17 / 2.32 ms, 32 MiB 5.66 / 4.86 ms. Above 4 MiB the pipeline's phase per
+# chunk makes it the one a rank off its core holds back: in the job, run by run, 8 MiB
+# took 1.22-2.51 ms by the pipeline and 1.19-1.47 ms by single copy, whose pieces go to
+# whichever rank runs (docs/shm.md).
+ALL_REDUCE_SINGLE_COPY_BYTES = (4 << 20) + 1
 
 
 def single_copy(native: _shm_native.NativeArena, group: LocalGroup) -> bool:
