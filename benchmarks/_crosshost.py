@@ -7,6 +7,10 @@ The reference is one plain TCP stream's goodput between the two hosts, measured 
 same run right before each job (nethosts.measure_link, both ways): a host's link carries
 at least 2 (H-1)/H n bytes each way per all-reduce of n bytes, so with H = 2 hosts the
 link's share is n / t over that goodput (the "link busbw", whatever the ranks per host).
+Beside it, what the two hosts carry each way when they exchange both ways at once, one
+process per host with plain sockets (nethosts.measure_duplex): an all-reduce's link does
+that, and where the machine's cores, not a wire, carry the bytes (namespaces on one
+machine), each core then does a sender's and a receiver's work.
 """
 
 from __future__ import annotations
@@ -106,6 +110,11 @@ def link_goodput(hosts: nethosts.NetHosts, nbytes: int = 256 << 20) -> dict[str,
         "0->1": nethosts.measure_link(hosts, 0, 1, nbytes) / 8,
         "1->0": nethosts.measure_link(hosts, 1, 0, nbytes) / 8,
     }
+
+
+def duplex_goodput(hosts: nethosts.NetHosts, nbytes: int = 64 << 20) -> float:
+    """Host 0 and host 1 exchanging nbytes both ways at once: bytes/s each way."""
+    return nethosts.measure_duplex(hosts, 0, 1, nbytes) / 8
 
 
 def link_share(time_us: float, nbytes: int, goodput: float) -> float:

@@ -594,14 +594,18 @@ def run_crosshost(
             for job in jobs:
                 load = os.getloadavg()[0]
                 goodput = _crosshost.link_goodput(hosts)
+                duplex = _crosshost.duplex_goodput(hosts)
                 print(
                     f"# {job.name} run {run + 1}/{args.xhost_runs}: one stream "
                     + ", ".join(f"{k} {v * 8 / 1e9:.2f} Gbit/s" for k, v in goodput.items())
-                    + f", load {load:.2f}",
+                    + f", both ways at once {duplex * 8 / 1e9:.2f} Gbit/s each, load {load:.2f}",
                     flush=True,
                 )
                 res = run_job(job, [job.ours, *backends], mpirun, args, hosts)
-                res.update(run=run, goodput_Bps=goodput, load=[load, os.getloadavg()[0]])
+                res.update(
+                    run=run, goodput_Bps=goodput, duplex_Bps=duplex,
+                    load=[load, os.getloadavg()[0]],
+                )  # fmt: skip
                 results.append(res)
     return results
 
@@ -688,6 +692,11 @@ def spread_rows(runs: list[list[dict]]) -> list[dict]:
 def markdown_crosshost(job: Job, rows: list[dict], results: list[dict]) -> list[str]:
     mine = [r for r in results if r["name"] == job.name]
     streams = [v * 8 / 1e9 for r in mine for v in r["goodput_Bps"].values()]
+    duplex = [
+        r["duplex_Bps"] / statistics.mean(r["goodput_Bps"].values())
+        for r in mine
+        if r.get("duplex_Bps")
+    ]
     loads = [x for r in mine for x in r["load"]]
     lines = [
         f"**{job.title}**",
@@ -695,6 +704,13 @@ def markdown_crosshost(job: Job, rows: list[dict], results: list[dict]) -> list[
         f"{len(mine)} run(s) of the whole job; one TCP stream between the hosts "
         + (f"{min(streams):.3g}-{max(streams):.3g} Gbit/s" if streams else "not measured")
         + (f", load {min(loads):.2f}-{max(loads):.2f}" if loads else "")
+        + (
+            f"; the two hosts exchanging both ways at once carry {min(duplex):.2f}-"
+            f"{max(duplex):.2f} of it each way with plain sockets (an all-reduce's link "
+            "does that; on one machine's cores, not a wire)"
+            if duplex
+            else ""
+        )
         + ". Started by `mpirun --bind-to none` through an `ip netns exec` agent. Times: "
         "median over the runs of each run's median; ratios and shares: median (min-max) "
         "over the runs; share = link busbw (n / t) over the stream's goodput.",

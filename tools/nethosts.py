@@ -329,6 +329,62 @@ c.shutdown(socket.SHUT_WR); c.recv(1)
 """
 
 
+# One process per host that sends `n` bytes to the other (on a thread) while it receives
+# as many, `reps` times after a one-byte handshake each; it prints its times.
+_DUPLEX = r"""
+import socket, sys, threading, time
+role, addr = sys.argv[1], sys.argv[2]
+port, n, reps = (int(v) for v in sys.argv[3:6])
+if role == "listen":
+    ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind((addr, port)); ls.listen(1); ls.settimeout(30)
+    print("ready", flush=True); s, _ = ls.accept()
+else:
+    s = socket.create_connection((addr, port), timeout=30)
+s.settimeout(60)
+out, into = memoryview(bytearray(n)), memoryview(bytearray(n))
+times = []
+for _ in range(reps):
+    s.sendall(b"g"); assert s.recv(1) == b"g"
+    t0 = time.perf_counter()
+    sender = threading.Thread(target=s.sendall, args=(out,)); sender.start()
+    got = 0
+    while got < n:
+        k = s.recv_into(into[got:])
+        if not k: raise SystemExit("peer closed")
+        got += k
+    sender.join()
+    times.append(time.perf_counter() - t0)
+print(" ".join(f"{t:.6f}" for t in times), flush=True)
+"""
+
+
+def measure_duplex(
+    hosts: NetHosts, a: int, b: int, nbytes: int = 64 << 20, reps: int = 5, port: int = 5202
+) -> float:
+    """Goodput in bit/s each way of hosts `a` and `b` exchanging `nbytes` both ways at
+    once over one connection, one process per host (plain sockets, the median of `reps`
+    exchanges): what a two-host all-reduce's link does, with nothing else (no reduction,
+    no framing), where the hosts' CPUs rather than a wire carry the bytes, as between
+    namespaces on one machine's cores."""
+    py = sys.executable
+    args = [hosts.addrs[b], str(port), str(nbytes), str(reps)]
+    listener = hosts.popen(b, [py, "-c", _DUPLEX, "listen", *args],
+                           stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert listener.stdout is not None
+        if listener.stdout.readline().strip() != "ready":
+            raise NetHostsError("duplex measurement: the listener did not start")
+        out = hosts.run(a, [py, "-c", _DUPLEX, "connect", *args], timeout=120, check=True).stdout
+        listener.communicate(timeout=30)
+    finally:
+        if listener.poll() is None:
+            listener.kill()
+            listener.wait()
+    times = sorted(float(t) for t in out.split())
+    return nbytes * 8 / times[len(times) // 2]
+
+
 def measure_link(
     hosts: NetHosts, src: int, dst: int, nbytes: int = 128 << 20, port: int = 5201
 ) -> float:
@@ -379,6 +435,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
                 for s, d in ((a, b), (b, a)):
                     bps = measure_link(hosts, s, d)
                     print(f"host {s} -> host {d}: {bps / 1e9:.3f} Gbit/s")
+                bps = measure_duplex(hosts, a, b)
+                print(f"host {a} <-> host {b}, both ways at once: {bps / 1e9:.3f} Gbit/s each way")
             return 0
         print("up; Ctrl-C tears down")
         try:

@@ -159,8 +159,10 @@ def test_crosshost_rows_spread_shares_and_goals() -> None:
                 _rec("gloo", "gloo", "all_reduce", big, gloo),
                 _rec("openmpi", "in_place", "all_reduce", big, 4 * ours)]  # fmt: skip
         # one stream: 1 GB/s one way, 2 GB/s the other (the reference is their mean)
+        # both ways at once: 0.45, 0.6, 0.75 GB/s each way, 0.3-0.5 of the stream's mean
         results.append({"name": "xhost1", "run": run, "records": recs, "load": [1.0, 2.0],
-                        "goodput_Bps": {"0->1": 1e9, "1->0": 2e9}})  # fmt: skip
+                        "goodput_Bps": {"0->1": 1e9, "1->0": 2e9},
+                        "duplex_Bps": 0.45e9 + 0.15e9 * run})  # fmt: skip
     (row,) = cp.crosshost_rows(job, results)
     assert len(row["runs"]) == 3 and row["per_host"] == 1
     assert row["vs_gloo"] == {"min": 1.0, "median": 2.0, "max": 2.0}
@@ -175,6 +177,7 @@ def test_crosshost_rows_spread_shares_and_goals() -> None:
     assert share["value"] == pytest.approx(big / 0.08 / 1.5e9)
     md = "\n".join(cp.markdown_crosshost(job, [row], results))
     assert "| 64 MiB | 80 ms | 100 ms | 320 ms | 2.00x (1.00x-2.00x) | 4.00x |" in md
+    assert "both ways at once carry 0.30-0.50 of it each way" in md
 
 
 def test_crosshost_mpirun_command(tmp_path) -> None:

@@ -43,6 +43,9 @@ def test_hosts_reach_each_other_only_and_vanish_after():
             # Shaped both ways: the host's egress and its switch port's egress.
             stats = hosts.qdisc_stats(k)
             assert stats.count("qdisc tbf") == 2 and stats.count("rate 1Gbit") == 2, stats
+        # Both ways at once over the 1 Gbit/s links: nearly 1 Gbit/s each way, not half.
+        duplex = nethosts.measure_duplex(hosts, 0, 1, 4 << 20, reps=3)
+        assert 0.6e9 < duplex < 1.2e9, duplex
         sleeper = hosts.popen(0, ["sleep", "600"])
     assert sleeper.wait(timeout=10) != 0  # killed by the teardown
     assert _ours(hosts.prefix) == []
