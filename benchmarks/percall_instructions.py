@@ -1,11 +1,13 @@
 """Instructions a small call costs on the compiled per-call path, counted by callgrind.
 
     python benchmarks/percall_instructions.py [--calls 5000] [--bytes 4] [--collective all_reduce]
-                                              [--python | --torch]
+                                              [--python | --torch] [--transport tcp]
 
-A 2-rank job over shared memory: rank 0 runs under `valgrind --tool=callgrind`, its peer
-natively (so rank 0 hardly ever waits). Rank 0 is run twice, making `--calls` more calls
-the second time; the difference of the two instruction totals divided by `--calls` is the
+A 2-rank job over shared memory (`--transport tcp`: over loopback TCP, where the repeated
+small all_reduce is the swap of runners/swap.py): rank 0 runs under
+`valgrind --tool=callgrind`, its peer natively (so rank 0 hardly ever waits). Rank 0 is
+run twice, making `--calls` more calls the second time; the difference of the two
+instruction totals divided by `--calls` is the
 cost of one call, with start-up and teardown cancelled out. Instruction counts do not
 depend on the machine's load (times do), so the number compares builds.
 `--python` runs the same calls with algorithm="shm", which the per-call path does not
@@ -84,7 +86,7 @@ def run(extra: int, args: argparse.Namespace, out: Path) -> int:
     """Rank 0's instruction total for a job of WARM + args.base + extra calls."""
     port = free_port()
     env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               PYCOLLECTIVE_TRANSPORT="shm", PYCOLLECTIVE_TIMEOUT="600")  # fmt: skip
+               PYCOLLECTIVE_TRANSPORT=args.transport, PYCOLLECTIVE_TIMEOUT="600")  # fmt: skip
     cmd = [sys.executable, __file__, "--worker", "--calls", str(args.base + extra),
            "--bytes", str(args.bytes), "--collective", args.collective]  # fmt: skip
     if args.python:
@@ -116,8 +118,11 @@ def main() -> None:
     how = ap.add_mutually_exclusive_group()
     how.add_argument("--python", action="store_true", help='algorithm="shm": the Python path')
     how.add_argument("--torch", action="store_true", help="through torch.distributed")
+    ap.add_argument("--transport", choices=("shm", "tcp"), default="shm")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.python and args.transport != "shm":
+        ap.error('--python is algorithm="shm": the shared-memory transport only')
     if args.worker:
         worker(args.calls, args.bytes, args.collective, args.python, args.torch)
         return
@@ -127,8 +132,9 @@ def main() -> None:
     per_call = (long - short) / args.calls
     path = "Python path" if args.python else "torch.distributed" if args.torch else "our API"
     tree = Path(pycollective.__file__).parent  # which tree's, for before/after pairs
-    print(f"{args.collective} {args.bytes} B, p=2, {path}: {per_call:,.0f} instructions a "
-          f"call (rank 0; {short:,} and {long:,} in all; {tree})")  # fmt: skip
+    print(f"{args.collective} {args.bytes} B, p=2, {args.transport}, {path}: "
+          f"{per_call:,.0f} instructions a call (rank 0; {short:,} and {long:,} in all; "
+          f"{tree})")  # fmt: skip
 
 
 if __name__ == "__main__":
