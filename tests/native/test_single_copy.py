@@ -152,6 +152,11 @@ def test_single_copy_matches_the_reference(p: int, piece: int) -> None:
 BCAST_SINGLE_MAX = 16 << 20  # csrc/arena.c BCAST_SINGLE_MAX_BYTES
 
 
+def _announced(me: _Rank, buf: np.ndarray) -> bool:
+    """Whether the rank's last call announced `buf` to its peers for single copy."""
+    return int(me.a.ctrl[me.r * arena.WORDS + arena.ADDR]) == buf.ctypes.data
+
+
 def _large_broadcasts(name: str, nbytes: int, p: int, r: int, out) -> None:
     """Broadcasts at single copy's cap and just past it: by single copy, then by the
     arena's pipeline (announced address 0); the root's bits either way."""
@@ -164,7 +169,7 @@ def _large_broadcasts(name: str, nbytes: int, p: int, r: int, out) -> None:
             x = want.copy() if r == 0 else np.zeros(n, np.float32)
             me.call("broadcast", dtype, ReduceOp.SUM, 0, x)
             assert x.tobytes() == want.tobytes(), n
-            seen.append(int(me.a.ctrl[r * arena.WORDS + arena.ADDR]) == x.ctypes.data)
+            seen.append(_announced(me, x))
         out.put((r, seen))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         out.put((r, repr(exc)))
@@ -196,12 +201,12 @@ def _all_reduces_about_their_threshold(name: str, nbytes: int, p: int, r: int, o
             x = every[r].copy()
             me.call("all_reduce", dtype, ReduceOp.SUM, -1, x)
             assert x.tobytes() == want.tobytes(), n
-            seen.append(int(me.a.ctrl[r * arena.WORDS + arena.ADDR]) == x.ctypes.data)
+            seen.append(_announced(me, x))
         inp = _data(r, SMALL, dtype)
         got = np.empty(SMALL * p, np.float32)
         me.call("all_gather", dtype, ReduceOp.SUM, -1, got, inp=inp)
         assert got.tobytes() == np.concatenate([_data(q, SMALL, dtype) for q in range(p)]).tobytes()
-        seen.append(int(me.a.ctrl[r * arena.WORDS + arena.ADDR]) == inp.ctypes.data)
+        seen.append(_announced(me, inp))
         out.put((r, seen))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         out.put((r, repr(exc)))
