@@ -403,12 +403,13 @@ def all_reduce_by_single_copy() -> None:
     """Every rank's compiled arena takes all_reduce by single copy above the small calls,
     as it does the other collectives: by default it does only above 4 MiB
     (runners/native.py ALL_REDUCE_SINGLE_COPY_BYTES), past these tests' buffers. Every
-    rank calls this at the same point, between calls; without single copy, nothing."""
+    rank calls this at the same point, between calls; without single copy (or over TCP),
+    nothing."""
     from pycollective.shm import collectives as _coll
     from pycollective.shm import native as _shm_native
 
     runner = dist.group.WORLD._fast_runner
-    if runner is None or not runner.single_copy:
+    if not getattr(runner, "single_copy", False):  # none, not the arena's (TCP), or off
         return
     runner.native.c.set_single_copy(
         _coll.SMALL_BYTES + 1, _shm_native.SINGLE_COPY_PIECE_BYTES,

@@ -73,8 +73,10 @@ def test_repeated_large_calls_read_straight_into_place_with_the_regular_paths_bi
     for f, p in zip(fast, regular, strict=True):
         assert f.returncode == 0 and p.returncode == 0, (describe(f), describe(p))
         assert tagged(f, "DIGEST") == tagged(p, "DIGEST"), (describe(f), describe(p))
-        # SUM and MAX three times each after their first call, twice more on a new array
-        assert tagged(f, "FAST")[0]["calls"] == 8, describe(f)
+        # SUM and MAX seven times each after their first call (24 calls, the three ops
+        # taking turns; halfway the arena's single copy is asked for, which TCP has not),
+        # twice more on a new array
+        assert tagged(f, "FAST")[0]["calls"] == 16, describe(f)
         assert tagged(p, "FAST") == [None], describe(p)
 
 
