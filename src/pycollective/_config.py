@@ -369,10 +369,11 @@ def _vars() -> tuple[Var, ...]:
             "PYCOLLECTIVE_SHM_SINGLE_COPY",
             SWITCH,
             "1",
-            "1: compiled arena all_reduce calls above 256 KiB on ordinary buffers read and "
-            "write the peers' buffers directly (process_vm_readv/writev, where the system "
-            "lets every rank reach every other: checked at set-up), with no copy through "
-            "the arena; 0: always through the arena.",
+            "1: compiled arena calls on ordinary buffers read or write the peers' buffers "
+            "directly (process_vm_readv/writev, where the system lets every rank reach every "
+            "other: checked at set-up), with no copy through the arena: all_gather and "
+            "reduce_scatter above 256 KiB, broadcast from 256 KiB to 16 MiB, all_reduce above "
+            "4 MiB; 0: always through the arena.",
         ),
         Var(
             "PYCOLLECTIVE_SHM_NT_BYTES",
