@@ -403,12 +403,13 @@ def _vars() -> tuple[Var, ...]:
         Var(
             "PYCOLLECTIVE_TCP_RECV_HELPER",
             AUTO_SWITCH,
-            "0",
+            "auto",
             "Whether a TCP exchange's large payloads (4 MiB and up) are read by a second "
-            "thread while the first reduces: auto while the machine has more than twice as "
-            "many runnable tasks as CPUs (/proc/loadavg; a rank short of a core then gets it "
-            "back sooner), 1 always, 0 never (the default: where ranks have their cores the "
-            "hand-offs cost more than they win; under stress-ng they won 1.2-2x at 64 MiB).",
+            "thread while the first reduces: auto (the default) while the machine has more "
+            "than twice as many runnable tasks as CPUs besides the rank's own running "
+            "threads (/proc/loadavg; a rank short of a core then gets it back sooner: 64 MiB "
+            "1.1-1.4x faster beside stress-ng), 1 always, 0 never (where ranks have their "
+            "cores the hand-offs cost more than they win).",
         ),
         Var(
             "PYCOLLECTIVE_LOAD_AWARE",

@@ -66,12 +66,18 @@ class MachineLoad:
         self.cpus = online_cpus() if cpus is None else cpus
         self.path = path
         self.busy = False
+        self._count: int | None = None  # the last reading
         self._next = 0.0
 
-    def check(self, now: float) -> bool:
-        """Whether the machine is busy; `now` is time.monotonic()'s."""
-        if self.cpus >= 0 and now >= self._next:
+    def check(self, now: float, own: int = 0) -> bool:
+        """Whether the machine is busy; `now` is time.monotonic()'s. `own`: runnable
+        tasks of the caller's own that the count includes and that should not make it
+        busy (a process's threads running its call)."""
+        if self.cpus < 0:
+            return False
+        if now >= self._next:
             self._next = now + CHECK_SECONDS
-            count = read_runnable(self.path)
-            self.busy = count is not None and count > self.cpus
+            self._count = read_runnable(self.path)
+        count = self._count
+        self.busy = count is not None and count - own > self.cpus
         return self.busy

@@ -49,6 +49,14 @@ def test_busy_only_with_more_runnable_tasks_than_cpus(tmp_path) -> None:
     assert not _load.MachineLoad(2, _loadavg(tmp_path, "x")).check(0.0)
 
 
+def test_the_callers_own_runnable_tasks_do_not_make_it_busy(tmp_path) -> None:
+    view = _load.MachineLoad(4, _loadavg(tmp_path, 6))
+    assert view.check(0.0) and view.check(0.0, own=1)
+    assert not view.check(0.0, own=2)  # the reading kept; only the verdict changes
+    assert not view.busy
+    assert view.check(0.0, own=1)
+
+
 def test_the_view_is_read_again_only_after_check_seconds(tmp_path) -> None:
     path = _loadavg(tmp_path, 9)
     view = _load.MachineLoad(2, path)

@@ -78,12 +78,13 @@ class TransportState(Transport):
         # (receiver.py), the connection it reads, the bytes of that payload not yet taken,
         # and the sink they go to (None: read into the destination in place).
         self._reader = RecvHelper(self._wake_w)
-        # When to hand payloads to it: never (the default), while the machine is crowded
-        # (auto) or always. The helper exists for a rank short of a core; where ranks
-        # have their cores the hand-offs slowed 16-64 MiB across hosts by 1.1-1.5x, even
-        # gated on the load (docs/tcp.md, "Under load"). Crowded is more than twice as
-        # many runnable tasks as CPUs: the count includes the ranks' own helper threads,
-        # so "more than the CPUs" would turn the helper on by its own threads.
+        # When to hand payloads to it: while the machine is crowded (auto, the default),
+        # always or never. The helper exists for a rank short of a core; where ranks
+        # have their cores the hand-offs slowed 16-64 MiB across hosts by 1.1-1.5x
+        # (docs/tcp.md, "Under load"). Crowded is more than twice as many runnable tasks
+        # as CPUs besides this rank's own running threads: the peers' threads on the
+        # same machine (ranks of one host, or namespace hosts sharing its cores) and
+        # their helpers may add a few, a machine busy with other work adds more.
         self._reader_mode = _config.get("PYCOLLECTIVE_TCP_RECV_HELPER")
         self._reader_load = MachineLoad(2 * online_cpus())
         self._reader_conn: _Conn | None = None
@@ -100,7 +101,8 @@ class TransportState(Transport):
     def _reader_wanted(self) -> bool:
         """Whether a large payload goes to the receive helper now."""
         if self._reader_mode == "auto":
-            return self._reader_load.check(time.monotonic())
+            own = 2 if self._helper.busy else 1  # this thread, and the send helper's
+            return self._reader_load.check(time.monotonic(), own)
         return self._reader_mode == "1"
 
     def lost_peers(self) -> dict[int, str]:
