@@ -19,11 +19,13 @@ import numpy as np
 from pycollective.core import world as _world
 
 
-def peer_addresses(world) -> dict[str, str]:
-    """The address of each peer's connection (taken while every peer is connected)."""
+def peer_addresses(world) -> dict[str, list]:
+    """The address of each peer's connection (taken while every peer is connected), and
+    whether the transport takes that peer for one on this host (it must not)."""
     counter = _world.count_traffic(world)
     assert counter is not None
-    return {str(p): c.sock.getpeername()[0] for p, c in counter.inner._conns.items()}
+    inner = counter.inner
+    return {str(p): [c.sock.getpeername()[0], inner.same_host(p)] for p, c in inner._conns.items()}
 
 
 def main() -> int:

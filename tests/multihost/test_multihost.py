@@ -318,4 +318,5 @@ def test_tcp_init_method_across_hosts_advertises_each_hosts_address(hosts, env, 
         assert m, detail
         rep = json.loads(m.group(1))
         assert rep["rank"] == k and rep["sum"] == sum(range(1, HOSTS + 1)), rep
-        assert rep["peers"] == {str(p): hosts.addrs[p] for p in range(HOSTS) if p != k}, rep
+        others = {str(p): [hosts.addrs[p], False] for p in range(HOSTS) if p != k}
+        assert rep["peers"] == others, rep  # the other host's address, not this host

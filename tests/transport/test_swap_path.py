@@ -505,17 +505,20 @@ def test_a_peer_killed_during_repeated_calls_of_two_swaps_is_named_at_once() -> 
 
 
 @pytest.mark.parametrize(
-    "count,world,ring",
+    "count,world,same_host,ring",
     [
-        (1 << 18, 2, True),  # 1 MiB of float32: the ring's two swaps
-        (1 << 20, 2, True),  # 4 MiB: still repeated as swaps (2 MiB halves)
-        (1 << 18 | 1, 2, False),  # halves unequal: no swaps; the cost model's choice
-        (1 << 16, 2, False),  # 256 KiB: one swap of the whole
-        (1 << 18, 3, False),  # the transport has another peer: no swaps
+        (1 << 18, 2, True, True),  # 1 MiB of float32: the ring's two swaps
+        (1 << 20, 2, True, True),  # 4 MiB: still repeated as swaps (2 MiB halves)
+        (1 << 17, 2, False, True),  # 512 KiB, the peer on another host: the ring
+        (1 << 17, 2, True, False),  # 512 KiB, the peer on this host: one swap
+        (1 << 17, 2, None, True),  # a transport that cannot tell: as another host
+        (1 << 18 | 1, 2, True, False),  # halves unequal: no swaps; the cost model's choice
+        (1 << 16, 2, False, False),  # 256 KiB: one swap of the whole
+        (1 << 18, 3, True, False),  # the transport has another peer: no swaps
     ],
 )
-def test_two_ranks_that_swap_take_the_ring_from_a_mebibyte(
-    count: int, world: int, ring: bool
+def test_two_ranks_that_swap_take_the_ring_from_half_a_mebibyte_across_hosts(
+    count: int, world: int, same_host: bool | None, ring: bool
 ) -> None:
     from types import SimpleNamespace  # noqa: PLC0415
 
@@ -524,8 +527,13 @@ def test_two_ranks_that_swap_take_the_ring_from_a_mebibyte(
     from pycollective.runners.scheduled import ScheduledRunner  # noqa: PLC0415
     from pycollective.tuning.params import Tuning  # noqa: PLC0415
 
+    asked: list[int] = []
     transport = SimpleNamespace(size=world, swap=None)
-    members = SimpleNamespace(size=2, transport=transport, tuning=Tuning(), transport_name="tcp")
+    if same_host is not None:
+        transport.same_host = lambda peer: asked.append(peer) or same_host
+    members = SimpleNamespace(
+        size=2, ranks=(3, 8), me=1, transport=transport, tuning=Tuning(), transport_name="tcp"
+    )
     runner = ScheduledRunner(members)  # type: ignore[arg-type]
     spec = Spec("all_reduce", count, _dtypes.BY_NAME["float32"], 0, 0)
     chosen = runner.choose(spec)
@@ -533,3 +541,14 @@ def test_two_ranks_that_swap_take_the_ring_from_a_mebibyte(
         assert chosen == "ring"
     else:  # the cost model's choice (the regular path's price of a round)
         assert chosen == ("ring" if count * 4 >= 4 << 20 else "recursive_doubling")
+    assert set(asked) <= {3}  # the one peer, by its global rank
+
+
+def test_a_loopback_connection_is_to_the_same_host(pair) -> None:
+    t0, t1 = pair
+    assert t0.same_host(1) and t1.same_host(0)
+    t0._conns[1].sock.close()  # gone: the answer is kept, not asked of a closed socket
+    assert t0.same_host(1)
+    t1._same_host.clear()
+    t1._conns[0].sock.close()
+    assert not t1.same_host(0)

@@ -45,8 +45,8 @@ class ScheduledRunner(BaseRunner):
         if (
             spec.collective == "all_reduce"
             and spec.count % 2 == 0
-            and self.SWAP_RING_BYTES <= spec.count * spec.dtype.itemsize <= SWAP_MAX_BYTES
             and self._swaps()
+            and self._swap_ring_from() <= spec.count * spec.dtype.itemsize <= SWAP_MAX_BYTES
         ):
             return "ring"
         # The job's parameters (rank 0's: the same on every rank), with the group's CPU share.
@@ -106,8 +106,12 @@ class ScheduledRunner(BaseRunner):
     # recursive doubling (one swap of the whole), whatever the cost model's round price:
     # that is the regular path's (alpha), and a repeated swap costs a tenth of it.
     # Measured on loopback, repeated calls, ring against recursive doubling: 512 KiB
-    # 234 / 234 us, 1 MiB 430 / 505 us, 2 MiB 926 / 965 us (docs/tcp.md).
-    SWAP_RING_BYTES = 1 << 20
+    # 234 / 234 us, 1 MiB 430 / 505 us, 2 MiB 926 / 965 us (docs/tcp.md). Across hosts
+    # (namespace hosts: veth, a bridge, 1500-byte frames) the ring wins from 512 KiB: there
+    # it was level with OpenMPI's ring (0.79-1.14x) where recursive doubling was 0.54-0.74x,
+    # while on loopback recursive doubling stayed ahead at 512 KiB (375 against 482 us).
+    SWAP_RING_BYTES = 512 << 10  # the peer on another host
+    SWAP_RING_BYTES_SAME_HOST = 1 << 20  # the peer on this one (TCP forced on one host)
 
     def _swaps(self) -> bool:
         """Whether the group's calls can repeat as swaps: two ranks, and the group's peer
@@ -115,6 +119,16 @@ class ScheduledRunner(BaseRunner):
         m = self.members
         transport = m.transport
         return m.size == 2 and getattr(transport, "size", 0) == 2 and hasattr(transport, "swap")
+
+    def _swap_ring_from(self) -> int:
+        """The size from which a two-rank all_reduce that swaps is the ring: lower when the
+        peer is on another host. The same on both ranks (TCPTransport.same_host)."""
+        m = self.members
+        same_host = getattr(m.transport, "same_host", None)
+        peer = m.ranks[1 - m.me]
+        if same_host is not None and same_host(peer):
+            return self.SWAP_RING_BYTES_SAME_HOST
+        return self.SWAP_RING_BYTES
 
     def compiled(self, plan: Plan, arrays: dict) -> _swap.SwapPlan | None:
         """What repeats a call of this signature that just ran, or None."""

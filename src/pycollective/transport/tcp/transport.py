@@ -111,6 +111,22 @@ class TCPTransport(Swapping):
             self._calls.begin(group, call, self._early(group))
             self._calls.check_stale(group, call.seq, self._early(group))
 
+    def same_host(self, peer: int) -> bool:
+        """Whether the connection to `peer` stays on this machine: both its ends have one
+        address (loopback, or this host's own address twice). Both ends see the same, so
+        ranks may choose by it alike. False for a connection whose address is gone."""
+        known = self._same_host.get(peer)
+        if known is None:
+            conn = self._conns.get(peer)
+            try:
+                known = conn is not None and (
+                    conn.sock.getsockname()[0] == conn.sock.getpeername()[0]
+                )
+            except OSError:
+                known = False
+            self._same_host[peer] = known
+        return known
+
     def interrupt(self, reason: str) -> None:
         """Make the exchange in progress (in any thread), and every later one, raise
         TransportError(reason) promptly. Used by destroy_process_group."""
