@@ -313,6 +313,45 @@ def test_two_large_swaps_meet_whole() -> None:
 
 
 @pytest.mark.timeout(30)
+def test_a_64_kib_swap_takes_the_compiled_round_whole() -> None:
+    """The read buffer holds a 64 KiB payload and its header: the compiled round sends,
+    reads and reduces it (SWAP_FOLDED), not the large swap's Python loop."""
+    import numpy as np  # noqa: PLC0415
+
+    from pycollective._dtypes import BY_NAME  # noqa: PLC0415
+    from pycollective._reduce_ops import ReduceOp, fold_codes  # noqa: PLC0415
+    from pycollective.transport.tcp import transport as tt  # noqa: PLC0415
+
+    t0, t1, _, _ = _transports()
+    for t in (t0, t1):
+        t._spin = 1.0  # the polling budget (its most): the other side's thread may start late
+    n = 64 << 10
+    h = _data_header(0, n)
+    codes = fold_codes(ReduceOp.SUM, BY_NAME["float32"])
+    xs = [np.arange(n // 4, dtype=np.float32) * (k + 1) for k in range(2)]
+    sent = [x.copy() for x in xs]
+    results: list[int] = [-1, -1]
+
+    def side(t, k: int) -> None:
+        raw = memoryview(xs[k]).cast("B")
+        results[k] = t.swap(1 - k, h, memoryview(sent[k]).cast("B"), memoryview(bytearray(n)),
+                            False, (raw, *codes))  # fmt: skip
+        if results[k] == tt.SWAP_PENDING:
+            t.swap_finish(time.monotonic() + 10)
+
+    peer = threading.Thread(target=side, args=(t1, 1))
+    peer.start()
+    side(t0, 0)
+    peer.join()
+    assert results == [tt.SWAP_FOLDED, tt.SWAP_FOLDED], results
+    want = np.arange(n // 4, dtype=np.float32) * 3
+    assert np.array_equal(xs[0], want) and np.array_equal(xs[1], want)
+    for t in (t0, t1):
+        assert t.swap_ready(1 - t.rank, _data_header(1, n))  # nothing left behind
+        t.close()
+
+
+@pytest.mark.timeout(30)
 def test_a_large_swap_part_way_in_is_read_on_the_regular_way() -> None:
     from pycollective.transport import _wire  # noqa: PLC0415
     from pycollective.transport.tcp import transport as tt  # noqa: PLC0415
