@@ -111,7 +111,7 @@ class ScheduledRunner(BaseRunner):
     # it was level with OpenMPI's ring (0.79-1.14x) where recursive doubling was 0.54-0.74x,
     # while on loopback recursive doubling stayed ahead at 512 KiB (375 against 482 us).
     SWAP_RING_BYTES = 512 << 10  # the peer on another host
-    SWAP_RING_BYTES_SAME_HOST = 1 << 20  # the peer on this one (TCP forced on one host)
+    SWAP_RING_BYTES_SAME_HOST = 1 << 20  # over loopback (TCP forced on one host)
 
     def _swaps(self) -> bool:
         """Whether the group's calls can repeat as swaps: two ranks, and the group's peer
