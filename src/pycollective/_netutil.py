@@ -29,6 +29,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def both_ends_loopback(sock: socket.socket) -> bool:
+    """Whether both ends of connected `sock` are loopback addresses (unlike is_loopback,
+    False for a socket that is not IP, such as a Unix socket pair, or whose addresses
+    cannot be read)."""
+    try:
+        ends = (sock.getsockname(), sock.getpeername())
+        return all(ipaddress.ip_address(end[0]).is_loopback for end in ends)
+    except (OSError, ValueError, IndexError, TypeError):
+        return False
+
+
 def interface_address(ifname: str) -> str:
     """The IPv4 address of network interface `ifname` (e.g. "eth0")."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:

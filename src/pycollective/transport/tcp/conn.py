@@ -10,6 +10,7 @@ import ssl
 from collections import deque
 from typing import Any
 
+from ..._netutil import both_ends_loopback
 from .._base import InMessage, OutMessage
 from .._wire import Header
 from .stash import Stash
@@ -47,6 +48,7 @@ class Conn:
         "write_pending",
         "helper",
         "reader",
+        "loopback",
     )
 
     def __init__(self, peer: int, sock: socket.socket) -> None:
@@ -79,6 +81,9 @@ class Conn:
         self.write_pending = False
         self.helper = False  # the send helper writes the tail of outq[0] (sender.py)
         self.reader = False  # the receive helper reads the current payload (receiver.py)
+        # Both ends on loopback addresses: the peer is on this host, as it sees too
+        # (TCPTransport.same_host). Read once, while the socket is connected.
+        self.loopback = both_ends_loopback(sock)
 
 
 class Poller:

@@ -88,7 +88,6 @@ class TransportState(Transport):
         self._reader_mode = _config.get("PYCOLLECTIVE_TCP_RECV_HELPER")
         self._reader_load = MachineLoad(2 * online_cpus())
         self._reader_conn: _Conn | None = None
-        self._same_host: dict[int, bool] = {}  # same_host()'s answers, by peer
         self._reader_left = 0
         self._reader_sink: Callable[[memoryview], None] | None = None
         # The compiled read-and-reduce of a reduction's payload (folding.py), or None:

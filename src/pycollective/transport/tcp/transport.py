@@ -17,7 +17,6 @@ swap.py the repeated small swap, aborts.py the abort notice's codec.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import socket
 import time
@@ -114,23 +113,13 @@ class TCPTransport(Swapping):
 
     def same_host(self, peer: int) -> bool:
         """Whether the connection to `peer` stays on this machine: both its ends are
-        loopback addresses. Both ends see the same, whatever address translation lies
-        between hosts, so ranks may choose by it alike. False for any other connection
-        (two ranks of one host meeting at the host's own address count as two hosts: the
-        choice only has to agree, and be right where it pays), and for one whose address
-        is gone."""
-        known = self._same_host.get(peer)
-        if known is None:
-            conn = self._conns.get(peer)
-            try:
-                known = conn is not None and all(
-                    ipaddress.ip_address(end[0]).is_loopback
-                    for end in (conn.sock.getsockname(), conn.sock.getpeername())
-                )
-            except (OSError, ValueError, IndexError, TypeError):  # not an IP socket
-                known = False
-            self._same_host[peer] = known
-        return known
+        loopback addresses (read when it was made: Conn.loopback). Both ends see the same,
+        whatever address translation lies between hosts, so ranks may choose by it alike.
+        False for any other connection: two ranks of one host meeting at the host's own
+        address count as two hosts (the choice only has to agree, and be right where it
+        pays)."""
+        conn = self._conns.get(peer)
+        return conn is not None and conn.loopback
 
     def interrupt(self, reason: str) -> None:
         """Make the exchange in progress (in any thread), and every later one, raise
