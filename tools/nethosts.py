@@ -359,6 +359,23 @@ print(" ".join(f"{t:.6f}" for t in times), flush=True)
 """
 
 
+@contextlib.contextmanager
+def _listening(hosts: NetHosts, k: int, script: str, args: Sequence[str], what: str):
+    """A measurement's listening side on host k: `script` run with `args`, started once it
+    printed "ready"; killed on the way out if it has not ended."""
+    proc = hosts.popen(k, [sys.executable, "-c", script, *args],
+                       stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            raise NetHostsError(f"{what}: the listening side did not start")
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def measure_duplex(
     hosts: NetHosts, a: int, b: int, nbytes: int = 64 << 20, reps: int = 5, port: int = 5202
 ) -> float:
@@ -367,20 +384,11 @@ def measure_duplex(
     exchanges): what a two-host all-reduce's link does, with nothing else (no reduction,
     no framing), where the hosts' CPUs rather than a wire carry the bytes, as between
     namespaces on one machine's cores."""
-    py = sys.executable
     args = [hosts.addrs[b], str(port), str(nbytes), str(reps)]
-    listener = hosts.popen(b, [py, "-c", _DUPLEX, "listen", *args],
-                           stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert listener.stdout is not None
-        if listener.stdout.readline().strip() != "ready":
-            raise NetHostsError("duplex measurement: the listener did not start")
-        out = hosts.run(a, [py, "-c", _DUPLEX, "connect", *args], timeout=120, check=True).stdout
+    with _listening(hosts, b, _DUPLEX, ["listen", *args], "duplex measurement") as listener:
+        out = hosts.run(a, [sys.executable, "-c", _DUPLEX, "connect", *args], timeout=120,
+                        check=True).stdout  # fmt: skip
         listener.communicate(timeout=30)
-    finally:
-        if listener.poll() is None:
-            listener.kill()
-            listener.wait()
     times = sorted(float(t) for t in out.split())
     return nbytes * 8 / times[len(times) // 2]
 
@@ -390,20 +398,11 @@ def measure_link(
 ) -> float:
     """Goodput in bit/s of one TCP stream from host `src` to host `dst` (plain sockets),
     timed at the receiver from its first byte to the sender's close."""
-    py = sys.executable
-    recv = hosts.popen(dst, [py, "-c", _RECEIVER, hosts.addrs[dst], str(port)],
-                       stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert recv.stdout is not None
-        if recv.stdout.readline().strip() != "ready":
-            raise NetHostsError("link measurement: the receiver did not start")
-        hosts.run(src, [py, "-c", _SENDER, hosts.addrs[dst], str(port), str(nbytes)],
+    args = [hosts.addrs[dst], str(port)]
+    with _listening(hosts, dst, _RECEIVER, args, "link measurement") as recv:
+        hosts.run(src, [sys.executable, "-c", _SENDER, *args, str(nbytes)],
                   timeout=120, check=True)  # fmt: skip
         got, seconds = recv.communicate(timeout=30)[0].split()
-    finally:
-        if recv.poll() is None:
-            recv.kill()
-            recv.wait()
     return int(got) * 8 / float(seconds)
 
 
