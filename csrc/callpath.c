@@ -5,6 +5,7 @@
 
 #include "arena.h"
 #include "arena_type.h"
+#include "callbook.h"
 #include "callstate.h"
 #include "plan.h"
 
@@ -30,14 +31,6 @@
  * and checks and raises exactly as the Python path would. Anything this path does
  * not know returns False before it touches anything. */
 
-static const char *const entry_fields[] = {
-    "id", "seq", "state", "t_issued", "t_started", "t_ended", "error", "culprits",
-    /* the signature's own, the same in every call of it: */
-    "group", "group_name", "kind", "count", "dtype", "algorithm", "op", "root", "detail",
-};
-enum { E_ID, E_SEQ, E_STATE, E_ISSUED, E_STARTED, E_ENDED, E_ERROR, E_CULPRITS, E_STATIC,
-       E_COUNT = (int)(sizeof entry_fields / sizeof *entry_fields) };
-#define E_NSTATIC (E_COUNT - E_STATIC)
 #define PATH_SIGS 16
 /* The collectives this path repeats, and their rows of the signature table. */
 enum { ROW_ALL_REDUCE, ROW_BROADCAST, ROW_BARRIER, ROW_REDUCE, ROW_ALL_GATHER, ROW_REDUCE_SCATTER,
@@ -75,7 +68,7 @@ typedef struct {
                            (reduce), as passed; NULL where unused */
     PyObject *plan;     /* PlanObject (NULL: a free slot) */
     PyObject *prepared; /* handed back to `finish` */
-    PyObject *fields[E_NSTATIC];
+    PyObject *fields[BOOK_STATIC];
     int writes;         /* whether the data/output buffer is written */
     int large;          /* above the arena's small calls: its buffer may be shared memory */
 } call_sig;
@@ -83,12 +76,8 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     ArenaObject *arena;
-    GroupStateObject *group;   /* the group's state: usable, polled, checked, its seq */
-    EngineStateObject *engine; /* its engine's: idle, and its lock */
-    PyObject *acquire, *release, *recorder, *ring, *finish;
-    PyObject *entry_type, *running, *completed, *empty_str, *empty_tuple, *zero;
-    Py_ssize_t capacity;
-    Py_ssize_t off[E_COUNT];
+    pyc_book book; /* the group's and engine's state, the recorder (callbook.h) */
+    PyObject *finish;
     int64_t recheck_ns, budget_ns;
     int64_t calls;  /* calls this path ran (tests, benchmarks) */
     int64_t handed; /* of which handed to `finish` */
@@ -97,7 +86,7 @@ typedef struct {
     int count[PATH_ROWS];
 } CallPathObject;
 
-static PyObject *s_next, *s_ring, *s_capacity, *s_acquire, *s_release, *s_base;
+static PyObject *s_base;
 static PyObject *mmap_type; /* mmap.mmap */
 
 static void sig_clear(call_sig *g)
@@ -108,21 +97,16 @@ static void sig_clear(call_sig *g)
     }
     Py_CLEAR(g->plan);
     Py_CLEAR(g->prepared);
-    for (int i = 0; i < E_NSTATIC; i++)
+    for (int i = 0; i < BOOK_STATIC; i++)
         Py_CLEAR(g->fields[i]);
 }
 
 static int CallPath_traverse(CallPathObject *f, visitproc visit, void *arg)
 {
     Py_VISIT(f->arena);
-    Py_VISIT(f->group);
-    Py_VISIT(f->engine);
-    Py_VISIT(f->acquire);
-    Py_VISIT(f->release);
-    Py_VISIT(f->recorder);
-    Py_VISIT(f->ring);
     Py_VISIT(f->finish);
-    Py_VISIT(f->entry_type);
+    if (pyc_book_traverse(&f->book, visit, arg))
+        return -1;
     for (int k = 0; k < PATH_ROWS; k++)
         for (int i = 0; i < f->count[k]; i++) {
             call_sig *g = &f->sig[k][i];
@@ -132,7 +116,7 @@ static int CallPath_traverse(CallPathObject *f, visitproc visit, void *arg)
             }
             Py_VISIT(g->plan);
             Py_VISIT(g->prepared);
-            for (int j = 0; j < E_NSTATIC; j++)
+            for (int j = 0; j < BOOK_STATIC; j++)
                 Py_VISIT(g->fields[j]);
         }
     return 0;
@@ -141,25 +125,13 @@ static int CallPath_traverse(CallPathObject *f, visitproc visit, void *arg)
 static int CallPath_clear(CallPathObject *f)
 {
     Py_CLEAR(f->arena);
-    Py_CLEAR(f->group);
-    Py_CLEAR(f->engine);
-    Py_CLEAR(f->acquire);
-    Py_CLEAR(f->release);
-    Py_CLEAR(f->recorder);
-    Py_CLEAR(f->ring);
     Py_CLEAR(f->finish);
-    Py_CLEAR(f->entry_type);
-    Py_CLEAR(f->running);
-    Py_CLEAR(f->completed);
-    Py_CLEAR(f->empty_str);
-    Py_CLEAR(f->empty_tuple);
-    Py_CLEAR(f->zero);
+    pyc_book_clear(&f->book);
     for (int k = 0; k < PATH_ROWS; k++) {
         for (int i = 0; i < f->count[k]; i++)
             sig_clear(&f->sig[k][i]);
         f->count[k] = 0;
     }
-    f->capacity = 0;
     return 0;
 }
 
@@ -182,82 +154,15 @@ static int CallPath_init(CallPathObject *f, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_RuntimeError, "CallPath is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!OO!OUULL", kwlist, &ArenaType, &arena,
-                                     &GroupStateType, &group, &EngineStateType, &engine,
-                                     &recorder, &PyType_Type, &entry_type, &finish, &running,
-                                     &completed, &recheck_ns, &budget_ns))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOOOUULL", kwlist, &ArenaType, &arena,
+                                     &group, &engine, &recorder, &entry_type, &finish,
+                                     &running, &completed, &recheck_ns, &budget_ns))
         return -1;
     f->recheck_ns = recheck_ns;
     f->budget_ns = budget_ns;
     f->arena = (ArenaObject *)Py_NewRef(arena);
-    f->group = (GroupStateObject *)Py_NewRef(group);
-    f->engine = (EngineStateObject *)Py_NewRef(engine);
     f->finish = Py_NewRef(finish);
-    f->entry_type = Py_NewRef(entry_type);
-    f->running = Py_NewRef(running);
-    f->completed = Py_NewRef(completed);
-    f->empty_str = PyUnicode_FromString("");
-    f->empty_tuple = PyTuple_New(0);
-    f->zero = PyFloat_FromDouble(0.0);
-    if (!f->empty_str || !f->empty_tuple || !f->zero)
-        return -1;
-    if (!f->engine->lock || !f->engine->queue || !f->engine->deferred ||
-        !PyList_Check(f->engine->deferred)) {
-        PyErr_SetString(PyExc_TypeError, "CallPath: the engine state is not initialised");
-        return -1;
-    }
-    f->acquire = PyObject_GetAttr(f->engine->lock, s_acquire);
-    f->release = PyObject_GetAttr(f->engine->lock, s_release);
-    if (!f->acquire || !f->release)
-        return -1;
-    f->capacity = 0;
-    if (recorder != Py_None) {
-        PyObject *cap = PyObject_GetAttr(recorder, s_capacity);
-        if (!cap)
-            return -1;
-        f->capacity = PyLong_AsSsize_t(cap);
-        Py_DECREF(cap);
-        if (f->capacity < 0)
-            return PyErr_Occurred() ? -1 : 0;
-        if (!(f->ring = PyObject_GetAttr(recorder, s_ring)))
-            return -1;
-        if (!PyList_CheckExact(f->ring) || PyList_GET_SIZE(f->ring) != f->capacity) {
-            PyErr_SetString(PyExc_TypeError, "CallPath: the recorder's ring must be a list of capacity entries");
-            return -1;
-        }
-        f->recorder = Py_NewRef(recorder);
-    }
-    /* Where the Entry keeps each field: its __slots__' member descriptors. */
-    for (int i = 0; i < E_COUNT; i++) {
-        PyObject *d = PyObject_GetAttrString(entry_type, entry_fields[i]);
-        if (!d)
-            return -1;
-        int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
-                 ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
-        if (ok)
-            f->off[i] = ((PyMemberDescrObject *)d)->d_member->offset;
-        Py_DECREF(d);
-        if (!ok) {
-            PyErr_Format(PyExc_TypeError, "CallPath: %s is not a slot of the entry type",
-                         entry_fields[i]);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-static inline PyObject *slot_get(PyObject *obj, Py_ssize_t off)
-{
-    return *(PyObject **)((char *)obj + off);
-}
-
-/* Set a slot of an entry; steals `v`. */
-static inline void slot_put(PyObject *obj, Py_ssize_t off, PyObject *v)
-{
-    PyObject **p = (PyObject **)((char *)obj + off);
-    PyObject *old = *p;
-    *p = v;
-    Py_XDECREF(old);
+    return pyc_book_init(&f->book, group, engine, recorder, entry_type, running, completed);
 }
 
 static int buffer_of(PyObject *obj, Py_buffer *v)
@@ -326,7 +231,7 @@ static PyObject *CallPath_add(CallPathObject *f, PyObject *const *args, Py_ssize
     int coll = plan->coll, row = sig_row(coll);
     if (row < 0)
         Py_RETURN_FALSE;
-    if (f->capacity && !Py_IS_TYPE(entry, (PyTypeObject *)f->entry_type))
+    if (!pyc_book_entry_ok(&f->book, entry))
         Py_RETURN_FALSE;
     call_sig g = {0};
     PyObject *objs[2] = {obj, NULL}, *keys[2] = {key, NULL};
@@ -370,8 +275,7 @@ static PyObject *CallPath_add(CallPathObject *f, PyObject *const *args, Py_ssize
     }
     g.plan = Py_NewRef((PyObject *)plan);
     g.prepared = Py_NewRef(args[3]);
-    for (int j = 0; j < E_NSTATIC; j++)
-        g.fields[j] = f->capacity ? Py_XNewRef(slot_get(entry, f->off[E_STATIC + j])) : NULL;
+    pyc_book_fields(&f->book, entry, g.fields);
     list[i] = g;
     Py_RETURN_TRUE;
 }
@@ -410,15 +314,6 @@ static int maybe_mapped(PyObject *obj)
     }
     Py_DECREF(o);
     return 1;
-}
-
-static inline void unlock(CallPathObject *f)
-{
-    PyObject *r = PyObject_CallNoArgs(f->release);
-    if (r)
-        Py_DECREF(r);
-    else
-        PyErr_WriteUnraisable(f->release);
 }
 
 /* Run a call of `coll` on `obj` (the data, or the output), `in` (the input of a call with
@@ -483,150 +378,63 @@ static PyObject *callpath_run(CallPathObject *f, int coll, PyObject *obj, PyObje
     }
 
     /* The group's state, as run_collective checks it (a destroyed world's engine is
-     * stopped: close_world). */
-    GroupStateObject *group = f->group;
-    EngineStateObject *engine = f->engine;
-    if (group->failed != Py_None || engine->stopped != Py_False || group->polled != Py_True ||
-        !group->checked_at || !PyFloat_CheckExact(group->checked_at))
+     * stopped: close_world), and whether the transport was read lately. */
+    pyc_book *b = &f->book;
+    GroupStateObject *group = b->group;
+    if (!pyc_book_usable(b) || group->polled != Py_True || !group->checked_at ||
+        !PyFloat_CheckExact(group->checked_at))
         Py_RETURN_FALSE;
     int64_t t0 = now_ns();
     double checked = PyFloat_AS_DOUBLE(group->checked_at);
     if (!((double)t0 * 1e-9 - checked < (double)f->recheck_ns * 1e-9))
         Py_RETURN_FALSE; /* time to read the transport for abort notices: Python does */
 
-    /* The engine: idle, and held until the call is done or handed over. */
-    PyObject *got = PyObject_CallOneArg(f->acquire, Py_False);
-    if (!got) {
-        PyErr_Clear();
-        Py_RETURN_FALSE;
-    }
-    Py_DECREF(got);
-    if (got != Py_True)
-        Py_RETURN_FALSE;
-    PyObject *entry = NULL, *seqobj = NULL, *id = NULL, *nextid = NULL;
-    Py_ssize_t queued = PyObject_Size(engine->queue);
-    if (queued < 0)
-        goto error;
-    if (engine->running != Py_False || engine->stopped != Py_False || queued ||
-        PyList_GET_SIZE(engine->deferred) || !group->seq || !PyLong_CheckExact(group->seq))
-        goto decline;
-
-    /* The sequence number, and the flight recorder's next entry. */
-    const long long seq = PyLong_AsLongLong(group->seq);
-    if (seq == -1 && PyErr_Occurred())
-        goto error;
-    seqobj = Py_NewRef(group->seq);
-    if (f->capacity) {
-        if (!(id = PyObject_GetAttr(f->recorder, s_next)))
-            goto error;
-        Py_ssize_t i = PyLong_AsSsize_t(id);
-        if (i < 0) {
-            if (PyErr_Occurred())
-                goto error;
-            goto decline;
-        }
-        if (PyList_GET_SIZE(f->ring) != f->capacity)
-            goto decline;
-        PyObject *e = PyList_GET_ITEM(f->ring, i % f->capacity);
-        if (!Py_IS_TYPE(e, (PyTypeObject *)f->entry_type))
-            goto decline;
-        if (!(nextid = PyLong_FromSsize_t(i + 1)) ||
-            PyObject_SetAttr(f->recorder, s_next, nextid) < 0)
-            goto error;
-        entry = Py_NewRef(e);
-    }
-    PyObject *nextseq = PyLong_FromLongLong(seq + 1);
-    if (!nextseq)
-        goto error;
-    Py_SETREF(group->seq, nextseq);
-    Py_CLEAR(nextid);
-    PyObject *started = PyFloat_FromDouble((double)t0 * 1e-9);
-    if (!started)
-        goto error;
-    if (entry) {
-        slot_put(entry, f->off[E_ID], id);
-        id = NULL;
-        slot_put(entry, f->off[E_SEQ], Py_NewRef(seqobj));
-        for (int j = 0; j < E_NSTATIC; j++)
-            slot_put(entry, f->off[E_STATIC + j], Py_XNewRef(g->fields[j]));
-        slot_put(entry, f->off[E_STATE], Py_NewRef(f->running));
-        slot_put(entry, f->off[E_ISSUED], Py_NewRef(started));
-        slot_put(entry, f->off[E_STARTED], Py_NewRef(started));
-        slot_put(entry, f->off[E_ENDED], Py_NewRef(f->zero));
-        slot_put(entry, f->off[E_ERROR], Py_NewRef(f->empty_str));
-        slot_put(entry, f->off[E_CULPRITS], Py_NewRef(f->empty_tuple));
+    /* The engine (idle, and held until the call is done or handed over), the sequence
+     * number and the flight recorder's entry. */
+    int locked = pyc_book_lock(b);
+    if (locked <= 0)
+        return locked < 0 ? NULL : Py_NewRef(Py_False);
+    pyc_booked c;
+    int opened = pyc_book_open(b, g->fields, t0, &c);
+    if (opened <= 0) {
+        pyc_book_unlock(b);
+        return opened < 0 ? NULL : Py_NewRef(Py_False);
     }
 
     /* The call itself. */
     PlanObject *plan = (PlanObject *)g->plan;
     static const int64_t unshared[BUF_WORDS] = {0, 0, 0, 0};
     int64_t n = buf ? plan->ann[2] : 0; /* the count add checked the lengths against */
+    const long long seq = PyLong_AsLongLong(c.seq);
     pyc_start_call(a, plan, inbuf, buf, n, seq, unshared, in, buf ? obj : NULL);
     /* Another thread may change the table while this one waits without the GIL. */
     PyObject *prepared = Py_NewRef(g->prepared);
     g = NULL;
     int rc = pyc_step(a, f->budget_ns);
     if (rc == ST_DONE) {
-        if (entry) {
-            PyObject *ended = PyFloat_FromDouble((double)now_ns() * 1e-9);
-            slot_put(entry, f->off[E_STATE], Py_NewRef(f->completed));
-            slot_put(entry, f->off[E_ENDED], ended ? ended : Py_NewRef(started));
-            PyErr_Clear();
-            Py_DECREF(entry);
-        }
-        Py_DECREF(started);
-        Py_DECREF(seqobj);
         Py_DECREF(prepared);
         f->calls++;
-        unlock(f);
+        pyc_book_done(b, &c);
         Py_RETURN_TRUE;
     }
     /* It needs Python: the engine runs this thread's job now (Engine.run's state), then
      * `finish` resumes the call, raises as the Python path does, and frees the engine. */
-    {
-        PyObject *owner = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
-        if (owner) {
-            Py_XSETREF(engine->running, Py_NewRef(Py_True));
-            Py_XSETREF(engine->owner, owner);
-        }
-        unlock(f);
-        if (!owner) {
-            Py_XDECREF(entry);
-            Py_DECREF(started);
-            Py_DECREF(seqobj);
-            Py_DECREF(prepared);
-            return NULL;
-        }
-        f->handed++;
-        PyObject *st = PyLong_FromLong(rc);
-        PyObject *fargs[5] = {prepared, seqobj, entry ? entry : Py_None, st, started};
-        PyObject *res = st ? PyObject_Vectorcall(f->finish, fargs, 5, NULL) : NULL;
+    if (pyc_book_hand(b, &c) < 0) {
         Py_DECREF(prepared);
-        Py_XDECREF(st);
-        Py_XDECREF(entry);
-        Py_DECREF(started);
-        Py_DECREF(seqobj);
-        if (!res)
-            return NULL;
-        Py_DECREF(res);
-        f->calls++;
-        Py_RETURN_TRUE;
+        return NULL;
     }
-
-decline:
-    Py_XDECREF(entry);
-    Py_XDECREF(seqobj);
-    Py_XDECREF(id);
-    Py_XDECREF(nextid);
-    unlock(f);
-    Py_RETURN_FALSE;
-error:
-    Py_XDECREF(entry);
-    Py_XDECREF(seqobj);
-    Py_XDECREF(id);
-    Py_XDECREF(nextid);
-    unlock(f);
-    return NULL;
+    f->handed++;
+    PyObject *st = PyLong_FromLong(rc);
+    PyObject *fargs[5] = {prepared, c.seq, c.entry ? c.entry : Py_None, st, c.started};
+    PyObject *res = st ? PyObject_Vectorcall(f->finish, fargs, 5, NULL) : NULL;
+    Py_DECREF(prepared);
+    Py_XDECREF(st);
+    pyc_booked_release(&c);
+    if (!res)
+        return NULL;
+    Py_DECREF(res);
+    f->calls++;
+    Py_RETURN_TRUE;
 }
 
 /* all_reduce(tensor, op) -> True if done (or raised), False: run the Python path */
@@ -757,13 +565,8 @@ PyTypeObject CallPathType = {
 
 int pyc_callpath_names(void)
 {
-    struct { PyObject **name; const char *text; } names[] = {
-        {&s_next, "_next"}, {&s_ring, "_ring"}, {&s_capacity, "capacity"},
-        {&s_acquire, "acquire"}, {&s_release, "release"}, {&s_base, "base"},
-    };
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
-        if (!*names[i].name && !(*names[i].name = PyUnicode_InternFromString(names[i].text)))
-            return -1;
+    if (!s_base && !(s_base = PyUnicode_InternFromString("base")))
+        return -1;
     if (!mmap_type) {
         PyObject *m = PyImport_ImportModule("mmap");
         if (!m)
