@@ -17,6 +17,7 @@
 #include "plan.h"
 #include "sockio.h"
 #include "swapio.h"
+#include "swappath.h"
 
 int pyc_get_buffer(PyObject *obj, Py_buffer *view, int writable, const char *what)
 {
@@ -123,7 +124,8 @@ PyMODINIT_FUNC PyInit__native(void)
 {
     pyc_choose_kernels();
     if (PyType_Ready(&PlanType) < 0 || PyType_Ready(&ArenaType) < 0 ||
-        PyType_Ready(&CallPathType) < 0 || PyType_Ready(&GroupStateType) < 0 ||
+        PyType_Ready(&CallPathType) < 0 || PyType_Ready(&SwapPathType) < 0 ||
+        PyType_Ready(&GroupStateType) < 0 ||
         PyType_Ready(&EngineStateType) < 0 || pyc_callpath_names() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module_def);
@@ -132,6 +134,7 @@ PyMODINIT_FUNC PyInit__native(void)
     if (PyModule_AddObjectRef(m, "Plan", (PyObject *)&PlanType) < 0 ||
         PyModule_AddObjectRef(m, "Arena", (PyObject *)&ArenaType) < 0 ||
         PyModule_AddObjectRef(m, "CallPath", (PyObject *)&CallPathType) < 0 ||
+        PyModule_AddObjectRef(m, "SwapPath", (PyObject *)&SwapPathType) < 0 ||
         PyModule_AddObjectRef(m, "GroupState", (PyObject *)&GroupStateType) < 0 ||
         PyModule_AddObjectRef(m, "EngineState", (PyObject *)&EngineStateType) < 0 ||
         add_contract(m) < 0 ||

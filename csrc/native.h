@@ -14,7 +14,10 @@
  *   arena.c       the collectives as resumable state machines, started and stepped
  *   arena_type.c  the Arena type: the state machines' Python face
  *   callstate.c   GroupState, EngineState: the state calls' paths share with Python
+ *   callbook.c    what every compiled path of repeated calls does around the call: the
+ *                 group's and engine's checks, the sequence number, the flight recorder
  *   callpath.c    CallPath: the per-call path of repeated calls (ProcessGroup.fast)
+ *   swappath.c    SwapPath: the same over TCP, a small all_reduce of two ranks in one swap
  *   dispatch.c    the kernel set for this CPU, and reduce()
  *   sockio.c      a TCP payload read and reduced as it arrives (the cross-host path)
  *   swapio.c      one round of the repeated small swap over TCP: send, poll, reduce

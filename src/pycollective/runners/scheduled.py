@@ -148,10 +148,10 @@ class ScheduledRunner(BaseRunner):
         entry_type: type,
         finish: Any,
         recheck_seconds: float,
-    ) -> _swap.SwapFast:
+    ) -> Any:
         """The group's path of repeated calls (see runners/swap.py); it reads the
         transport itself at every call, so it needs no recheck rule."""
-        return _swap.SwapFast(group, engine, recorder, finish, self.members.transport)
+        return _swap.fast_path(group, engine, recorder, entry_type, finish, self.members.transport)
 
     def resume(self, call: Call, status: Any) -> None:
         """Go on with a call the path of repeated calls started and handed back."""

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from .._reduce_ops import ReduceOp, fold_codes
+from ..observe.flight import COMPLETED, RUNNING
 from ..transport._base import InMessage, OutMessage
 from ..transport._wire import Header
 from ..transport.tcp.transport import (  # what TCPTransport.swap returns
@@ -135,6 +136,21 @@ class _Resume:
         self.pending = pending
 
 
+def fast_path(
+    group: Any, engine: Any, recorder: Any, entry_type: type, finish: Any, transport: Any
+) -> Any:
+    """The group's path of repeated calls: SwapFast, behind the transport's compiled
+    path (csrc/swappath.c) where it has one. That one runs the commonest call, a small
+    swap reduced by a compiled kernel, from the API function to the kernel in C (41k
+    instructions a call through SwapFast, most of them the interpreter's), and calls
+    SwapFast for everything else."""
+    fast = SwapFast(group, engine, recorder, finish, transport)
+    compiled = transport.compiled_path(
+        fast, group.state, engine.state, fast.recorder, entry_type, RUNNING, COMPLETED
+    )
+    return fast if compiled is None else compiled
+
+
 class SwapFast:
     """The group's path of repeated calls over `transport.swap` (see the module)."""
 
@@ -214,6 +230,40 @@ class SwapFast:
         else:
             sigs.append(g)
         return True
+
+    def compiled_spec(self, obj: Any, key: Any) -> tuple | None:
+        """What csrc/swappath.c needs to repeat the signature `add` just learnt, if it can:
+        one swap of the whole buffer reduced by a compiled kernel, in a frame the
+        connection's read buffer holds. (sig, where the payload lands, the peer, its
+        connection and socket, the frame's Header and packed bytes with sequence number
+        0, the kernel's op and dtype codes), or None."""
+        for g in self._sigs:
+            if g.key is key and g.shape == obj.shape and g.dtype == obj.dtype:
+                break
+        else:
+            return None
+        if g.steps is not None or g.fold is None:
+            return None
+        found = self.transport.compiled_conn(g.peer, g.nbytes)
+        if found is None:
+            return None
+        conn, fd = found
+        header = _new_header(Header, g.head + (0, g.tag) + g.tail)
+        return (g, g.into, g.peer, conn, fd, header, header.pack(), *g.fold)
+
+    def hand_over(
+        self, g: _Sig, obj: Any, header: Header, result: Any, seq: int, entry: Any, started: float
+    ) -> None:
+        """A call csrc/swappath.c started and could not finish plainly (result: its
+        round's, as swap_round returns it, or the error the call tracker raised): the
+        transport's state settled the regular way, then the group's `finish` resumes the
+        call as it does SwapFast's (the engine is this thread's)."""
+        if isinstance(result, tuple):
+            raw = memoryview(obj).cast("B")
+            self.transport.swap_settle(g.peer, header, raw, g.into, result)
+        else:
+            self.transport.swap_refused(header, result)
+        self.finish(g.prepared, seq, entry, _Resume(g, obj), started)
 
     def all_reduce(self, obj: Any, op: Any) -> bool:
         if type(obj) is not np.ndarray:

@@ -23,6 +23,9 @@ PROBE = 4  # no payload: "I have waited a while on you in this collective" (its 
 
 _STRUCT = struct.Struct("<2sBBBBBBIQIiQQ")
 SIZE = _STRUCT.size
+# Where a packed header holds its sequence number (a little-endian uint64): the compiled
+# swap (csrc/swappath.c) packs a signature's header once and writes each call's there.
+SEQ_OFFSET = struct.calcsize(_STRUCT.format[: _STRUCT.format.index("Q")])
 MAX_ABORT_PAYLOAD = 64 * 1024
 
 # Collective kinds (codes on the wire)

@@ -3,8 +3,9 @@ recv_reduce, if the extension is there, agrees with this package's codes and is 
 (PYCOLLECTIVE_TCP_NATIVE=1, off by default; PYCOLLECTIVE_NATIVE). receiving.py calls it
 for a sink whose receive says what its reduction is (InMessage.fold); otherwise, and
 under TLS, the payload goes through the window to the sink in Python (the reference).
-It also hands swap.py the compiled round of the small swap (`compiled_round`), and
-receiving.py the compiled copy out of the read buffer (`compiled_copy`)."""
+It also hands swap.py the compiled round of the small swap (`compiled_round`) and the
+compiled path around it (`compiled_swap_path`), and receiving.py the compiled copy out of
+the read buffer (`compiled_copy`)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,21 @@ def compiled_round() -> SwapRound | None:
     if _config.get("PYCOLLECTIVE_NATIVE") != "1" or _native is None or not _agrees(_native):
         return None
     return getattr(_native, "swap_round", None)
+
+
+def compiled_swap_path(group_state: object, engine_state: object) -> type | None:
+    """The extension's SwapPath (csrc/swappath.c: the whole repeated small swap in C)
+    where the compiled round is on (`compiled_round`) and the group's and engine's states
+    are the extension's C-owned records it reads, else None."""
+    if compiled_round() is None:
+        return None
+    path = getattr(_native, "SwapPath", None)
+    if not (
+        isinstance(group_state, _native.GroupState)
+        and isinstance(engine_state, _native.EngineState)
+    ):
+        return None
+    return path
 
 
 # Copies shorter than this stay with memoryview's: glibc's vector moves have no slow case

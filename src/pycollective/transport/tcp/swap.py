@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from ..._errors import CollectiveError
 from ...observe.timeline import WAIT as _WAIT
@@ -16,6 +17,7 @@ from .._base import InMessage, OutMessage
 from .._wire import Header
 from .conn import RBUF_BYTES as _RBUF_BYTES
 from .conn import Conn
+from .folding import compiled_swap_path
 from .progress import SPIN_MAX, Progress
 from .stash import Stash
 
@@ -163,14 +165,42 @@ class Swapping(Progress):
         leaves is settled here the same way."""
         spin = self._spin if self._interrupted is None else 0.0
         dst, op, dtype = fold if fold is not None else (None, 0, 0)
-        sent, end, send_err, recv_status, spun, landed = self._round(
+        result = self._round(
             conn.sock.fileno(), head, payload, conn.rbuf, spin, into, dst, op, dtype
         )
-        total = _wire.SIZE + header.nbytes
-        if landed and sent == total:  # (landed: all sent, exactly our frame came, no more)
+        sent, _, _, _, _, landed = result
+        if landed and sent == _wire.SIZE + header.nbytes:  # all sent, exactly our frame came
             conn.rend = 0
             self._took(conn, header, 0, spin)
             return SWAP_DONE if dst is None else SWAP_FOLDED
+        self._settle_round(conn, header, head, payload, into, spin, result)
+        return SWAP_PENDING
+
+    def swap_settle(
+        self, peer: int, header: Header, payload: memoryview, into: memoryview, result: tuple
+    ) -> None:
+        """After a compiled round that csrc/swappath.c ran itself (its call tracker's
+        `begin` done, the polling budget `_spin`) and that was not plain: its state the
+        regular way, for `swap_finish` (result: swap_round's)."""
+        self._settle_round(
+            self._conns[peer], header, header.pack(), payload, into, self._spin, result
+        )
+
+    def _settle_round(
+        self,
+        conn: Conn,
+        header: Header,
+        head: bytes,
+        payload: memoryview,
+        into: memoryview,
+        spin: float,
+        result: tuple,
+    ) -> None:
+        """What a compiled round that was not plain left, in the regular state (the send's
+        rest queued, what was read in the read buffer, the receive to post), the swap
+        pending for `swap_finish`."""
+        sent, end, send_err, recv_status, spun, _ = result
+        total = _wire.SIZE + header.nbytes
         if send_err:
             self._lose(conn, f"send failed: {os.strerror(send_err)}")
         out = OutMessage(conn.peer, header, payload)
@@ -189,9 +219,8 @@ class Swapping(Progress):
             self._took(conn, header, total, spin)
             m = InMessage(conn.peer, header, into, done=True)
             self._swap = (None, header, (out,), (m,), False)
-            return SWAP_PENDING
+            return
         self._swap = (None, header, (out,), (InMessage(conn.peer, header, into),), bool(spun))
-        return SWAP_PENDING
 
     def _took(self, conn: Conn, header: Header, rpos: int, spin: float) -> None:
         """Our frame was read whole from the read buffer, up to `rpos`, within the polling
@@ -306,6 +335,47 @@ class Swapping(Progress):
             conn.rend = end  # a header's start, or another frame's: read the regular way
         self._swap = (None, header, (out,), (m,), spun)
         return SWAP_PENDING
+
+    def compiled_path(
+        self,
+        fallback: Any,
+        group_state: Any,
+        engine_state: Any,
+        recorder: Any,
+        entry_type: type,
+        running: str,
+        completed: str,
+    ) -> Any:
+        """The whole repeated small swap in C (csrc/swappath.c's SwapPath) in front of
+        `fallback` (runners/swap.py's SwapFast, which it calls for whatever it does not
+        take), or None where the compiled round is off. It reads this transport's fields
+        that `swap_ready` reads, and the connection's (`Conn`'s slots)."""
+        path = compiled_swap_path(group_state, engine_state)
+        if path is None or self._round is None:
+            return None
+        return path(
+            fallback, group_state, engine_state, recorder, entry_type, running, completed,
+            self, Conn, Header, _wire.SEQ_OFFSET, _WAIT, SPIN_MAX,
+        )  # fmt: skip
+
+    def compiled_conn(self, peer: int, nbytes: int) -> tuple[Conn, int] | None:
+        """The connection and socket a compiled path may swap a frame of `nbytes` on
+        with `peer` (the compiled round on, no TLS, the frame within the read buffer)."""
+        conn = self._conns.get(peer)
+        if (
+            conn is None
+            or self._round is None
+            or conn.tls
+            or conn.lost is not None
+            or nbytes > _RBUF_BYTES - _wire.SIZE
+        ):
+            return None
+        return conn, conn.sock.fileno()
+
+    def swap_refused(self, header: Header, error: BaseException) -> None:
+        """A compiled path's swap whose call tracker refused it (a probe kept for this
+        call disagrees): `swap_finish` raises `error`, as `swap` leaves it."""
+        self._swap = (error, header, (), (), False)
 
     def swap_ready(self, peer: int, header: Header) -> bool:
         """Whether `swap` would take this swap with `peer` now (see there)."""
