@@ -72,21 +72,25 @@ int pyc_book_init(pyc_book *b, PyObject *group, PyObject *engine, PyObject *reco
         b->recorder = Py_NewRef(recorder);
     }
     /* Where the Entry keeps each field: its __slots__' member descriptors. */
-    for (int i = 0; i < BOOK_FIELDS; i++) {
-        PyObject *d = PyObject_GetAttrString(entry_type, entry_fields[i]);
-        if (!d)
+    for (int i = 0; i < BOOK_FIELDS; i++)
+        if (pyc_slot_offset(entry_type, entry_fields[i], &b->off[i]) < 0)
             return -1;
-        int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
-                 ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
-        if (ok)
-            b->off[i] = ((PyMemberDescrObject *)d)->d_member->offset;
-        Py_DECREF(d);
-        if (!ok) {
-            PyErr_Format(PyExc_TypeError, "%s is not a slot of the entry type", entry_fields[i]);
-            return -1;
-        }
-    }
     return 0;
+}
+
+int pyc_slot_offset(PyObject *type, const char *name, Py_ssize_t *off)
+{
+    PyObject *d = PyObject_GetAttrString(type, name);
+    if (!d)
+        return -1;
+    int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+             ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
+    if (ok)
+        *off = ((PyMemberDescrObject *)d)->d_member->offset;
+    Py_DECREF(d);
+    if (!ok)
+        PyErr_Format(PyExc_TypeError, "%s is not a slot of %R", name, type);
+    return ok ? 0 : -1;
 }
 
 int pyc_book_traverse(pyc_book *b, visitproc visit, void *arg)
@@ -118,20 +122,6 @@ void pyc_book_clear(pyc_book *b)
     b->capacity = 0;
 }
 
-static inline PyObject *slot_get(PyObject *obj, Py_ssize_t off)
-{
-    return *(PyObject **)((char *)obj + off);
-}
-
-/* Set a slot of an entry; steals `v`. */
-static inline void slot_put(PyObject *obj, Py_ssize_t off, PyObject *v)
-{
-    PyObject **p = (PyObject **)((char *)obj + off);
-    PyObject *old = *p;
-    *p = v;
-    Py_XDECREF(old);
-}
-
 int pyc_book_entry_ok(const pyc_book *b, PyObject *entry)
 {
     return !b->capacity || Py_IS_TYPE(entry, (PyTypeObject *)b->entry_type);
@@ -140,7 +130,7 @@ int pyc_book_entry_ok(const pyc_book *b, PyObject *entry)
 void pyc_book_fields(const pyc_book *b, PyObject *entry, PyObject **fields)
 {
     for (int j = 0; j < BOOK_STATIC; j++)
-        fields[j] = b->capacity ? Py_XNewRef(slot_get(entry, b->off[BOOK_FIRST_STATIC + j]))
+        fields[j] = b->capacity ? Py_XNewRef(pyc_slot_get(entry, b->off[BOOK_FIRST_STATIC + j]))
                                 : NULL;
 }
 
@@ -170,11 +160,14 @@ int pyc_book_lock(pyc_book *b)
 
 void pyc_book_unlock(pyc_book *b)
 {
+    PyObject *type, *value, *tb; /* an error the caller is raising stays set */
+    PyErr_Fetch(&type, &value, &tb);
     PyObject *r = PyObject_CallNoArgs(b->release);
     if (r)
         Py_DECREF(r);
     else
         PyErr_WriteUnraisable(b->release);
+    PyErr_Restore(type, value, tb);
 }
 
 int pyc_book_open(pyc_book *b, PyObject *const *fields, int64_t t0, pyc_booked *c)
@@ -220,16 +213,16 @@ int pyc_book_open(pyc_book *b, PyObject *const *fields, int64_t t0, pyc_booked *
     c->started = started;
     c->entry = entry;
     if (entry) {
-        slot_put(entry, b->off[BOOK_ID], id);
-        slot_put(entry, b->off[BOOK_SEQ], Py_NewRef(c->seq));
+        pyc_slot_put(entry, b->off[BOOK_ID], id);
+        pyc_slot_put(entry, b->off[BOOK_SEQ], Py_NewRef(c->seq));
         for (int j = 0; j < BOOK_STATIC; j++)
-            slot_put(entry, b->off[BOOK_FIRST_STATIC + j], Py_XNewRef(fields[j]));
-        slot_put(entry, b->off[BOOK_STATE], Py_NewRef(b->running));
-        slot_put(entry, b->off[BOOK_ISSUED], Py_NewRef(started));
-        slot_put(entry, b->off[BOOK_STARTED], Py_NewRef(started));
-        slot_put(entry, b->off[BOOK_ENDED], Py_NewRef(b->zero));
-        slot_put(entry, b->off[BOOK_ERROR], Py_NewRef(b->empty_str));
-        slot_put(entry, b->off[BOOK_CULPRITS], Py_NewRef(b->empty_tuple));
+            pyc_slot_put(entry, b->off[BOOK_FIRST_STATIC + j], Py_XNewRef(fields[j]));
+        pyc_slot_put(entry, b->off[BOOK_STATE], Py_NewRef(b->running));
+        pyc_slot_put(entry, b->off[BOOK_ISSUED], Py_NewRef(started));
+        pyc_slot_put(entry, b->off[BOOK_STARTED], Py_NewRef(started));
+        pyc_slot_put(entry, b->off[BOOK_ENDED], Py_NewRef(b->zero));
+        pyc_slot_put(entry, b->off[BOOK_ERROR], Py_NewRef(b->empty_str));
+        pyc_slot_put(entry, b->off[BOOK_CULPRITS], Py_NewRef(b->empty_tuple));
     }
     return 1;
 }
@@ -245,8 +238,8 @@ void pyc_book_done(pyc_book *b, pyc_booked *c)
 {
     if (c->entry) {
         PyObject *ended = PyFloat_FromDouble((double)now_ns() * 1e-9);
-        slot_put(c->entry, b->off[BOOK_STATE], Py_NewRef(b->completed));
-        slot_put(c->entry, b->off[BOOK_ENDED], ended ? ended : Py_NewRef(c->started));
+        pyc_slot_put(c->entry, b->off[BOOK_STATE], Py_NewRef(b->completed));
+        pyc_slot_put(c->entry, b->off[BOOK_ENDED], ended ? ended : Py_NewRef(c->started));
         PyErr_Clear();
     }
     pyc_booked_release(c);

@@ -30,6 +30,24 @@ typedef struct {
     PyObject *seq, *entry, *started;
 } pyc_booked;
 
+/* Where instances of `type` keep the slot `name` (an object member of its __slots__): 0,
+ * or -1 with an exception naming it. */
+int pyc_slot_offset(PyObject *type, const char *name, Py_ssize_t *off);
+
+static inline PyObject *pyc_slot_get(PyObject *obj, Py_ssize_t off)
+{
+    return *(PyObject **)((char *)obj + off);
+}
+
+/* Set a slot; steals `v`. */
+static inline void pyc_slot_put(PyObject *obj, Py_ssize_t off, PyObject *v)
+{
+    PyObject **p = (PyObject **)((char *)obj + off);
+    PyObject *old = *p;
+    *p = v;
+    Py_XDECREF(old);
+}
+
 /* recorder: the flight recorder or None; entry_type its Entry class; running and
  * completed the states it writes. 0, or -1 with an exception set. */
 int pyc_book_init(pyc_book *b, PyObject *group, PyObject *engine, PyObject *recorder,

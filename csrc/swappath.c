@@ -25,7 +25,6 @@
  * `conn.last` keep is built from the signature's fields and the sequence number. */
 #include "swappath.h"
 
-#include <structmember.h>
 
 #include "callbook.h"
 #include "swapio.h"
@@ -152,36 +151,6 @@ static void SwapPath_dealloc(SwapPathObject *f)
     Py_TYPE(f)->tp_free((PyObject *)f);
 }
 
-/* Where instances of `type` keep the slot `name` (an object member of its __slots__). */
-static int slot_offset(PyObject *type, const char *name, Py_ssize_t *off)
-{
-    PyObject *d = PyObject_GetAttrString(type, name);
-    if (!d)
-        return -1;
-    int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
-             ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
-    if (ok)
-        *off = ((PyMemberDescrObject *)d)->d_member->offset;
-    Py_DECREF(d);
-    if (!ok)
-        PyErr_Format(PyExc_TypeError, "SwapPath: %s is not a slot of %R", name, type);
-    return ok ? 0 : -1;
-}
-
-static inline PyObject *slot_get(PyObject *obj, Py_ssize_t off)
-{
-    return *(PyObject **)((char *)obj + off);
-}
-
-/* Set a slot; steals `v`. */
-static inline void slot_put(PyObject *obj, Py_ssize_t off, PyObject *v)
-{
-    PyObject **p = (PyObject **)((char *)obj + off);
-    PyObject *old = *p;
-    *p = v;
-    Py_XDECREF(old);
-}
-
 /* The position of `name` in a NamedTuple type's _fields, or -1 with an exception set. */
 static Py_ssize_t field_index(PyObject *type, const char *name)
 {
@@ -255,9 +224,9 @@ static int SwapPath_init(SwapPathObject *f, PyObject *args, PyObject *kwds)
     if (!f->begin)
         return -1;
     for (int i = 0; i < K_COUNT; i++)
-        if (slot_offset(conn_type, conn_fields[i], &f->conn_off[i]) < 0)
+        if (pyc_slot_offset(conn_type, conn_fields[i], &f->conn_off[i]) < 0)
             return -1;
-    if (slot_offset((PyObject *)Py_TYPE(wait_clock), "on", &f->wait_on_off) < 0)
+    if (pyc_slot_offset((PyObject *)Py_TYPE(wait_clock), "on", &f->wait_on_off) < 0)
         return -1;
     f->wait_clock = Py_NewRef(wait_clock);
     f->header_type = (PyTypeObject *)Py_NewRef(header_type);
@@ -321,7 +290,7 @@ static PyObject *SwapPath_add(SwapPathObject *f, PyObject *const *args, Py_ssize
         Py_RETURN_TRUE; /* SwapFast has it */
     }
     const char *fmt = v.format ? v.format : "B";
-    PyObject *rbuf = slot_get(conn, f->conn_off[K_RBUF]);
+    PyObject *rbuf = pyc_slot_get(conn, f->conn_off[K_RBUF]);
     size_t isz = (size_t)pyc_itemsize(dtype);
     g.kernel = (isz && op >= 0 && op < OP_COUNT && op != OP_AVG) ? kset->table[dtype][op] : NULL;
     g.itemsize = isz;
@@ -405,12 +374,12 @@ static int transport_ready(SwapPathObject *f, const swap_sig *g, double *spin)
     if (conn != g->conn)
         return PyErr_Occurred() ? -1 : 0;
     const Py_ssize_t *off = f->conn_off;
-    PyObject *rpos = slot_get(conn, off[K_RPOS]), *rend = slot_get(conn, off[K_REND]);
-    PyObject *outq = slot_get(conn, off[K_OUTQ]);
-    if (slot_get(conn, off[K_LOST]) != Py_None || slot_get(conn, off[K_CUR]) != Py_None ||
-        slot_get(conn, off[K_RBUF]) != g->rbuf || !outq || !rpos || !rend ||
+    PyObject *rpos = pyc_slot_get(conn, off[K_RPOS]), *rend = pyc_slot_get(conn, off[K_REND]);
+    PyObject *outq = pyc_slot_get(conn, off[K_OUTQ]);
+    if (pyc_slot_get(conn, off[K_LOST]) != Py_None || pyc_slot_get(conn, off[K_CUR]) != Py_None ||
+        pyc_slot_get(conn, off[K_RBUF]) != g->rbuf || !outq || !rpos || !rend ||
         !PyLong_CheckExact(rpos) || !PyLong_CheckExact(rend) ||
-        slot_get(f->wait_clock, f->wait_on_off) != Py_False)
+        pyc_slot_get(f->wait_clock, f->wait_on_off) != Py_False)
         return 0;
     Py_ssize_t queued = PyObject_Size(outq);
     if (queued < 0)
@@ -516,9 +485,9 @@ static PyObject *SwapPath_all_reduce(SwapPathObject *f, PyObject *const *args, P
         Py_END_ALLOW_THREADS
         if (r.landed && r.sent == head_len + nbytes) {
             const Py_ssize_t *off = f->conn_off;
-            slot_put(conn, off[K_REND], PyLong_FromLong(0));
-            slot_put(conn, off[K_RPOS], PyLong_FromLong(0));
-            slot_put(conn, off[K_LAST], header);
+            pyc_slot_put(conn, off[K_REND], PyLong_FromLong(0));
+            pyc_slot_put(conn, off[K_RPOS], PyLong_FromLong(0));
+            pyc_slot_put(conn, off[K_LAST], header);
             header = NULL;
             double grown = spin * 2 < f->spin_max ? spin * 2 : f->spin_max;
             if (spin > 0 && grown != spin) { /* the budget grows, as _took's */

@@ -52,6 +52,8 @@ def fast_counts() -> None:
     counts = None if fast is None else {"calls": fast.calls, "handed": fast.handed}
     if counts is not None and hasattr(fast, "folded"):  # (the TCP path's, runners/swap.py)
         counts["folded"] = fast.folded
+    if counts is not None and hasattr(fast, "compiled"):  # of which C ran (csrc/swappath.c)
+        counts["compiled"] = fast.compiled
     print("FAST " + json.dumps(counts), flush=True)
 
 

@@ -61,6 +61,9 @@ def test_the_python_round_gives_the_compiled_rounds_bits() -> None:
         assert fc["calls"] > 10 and fp["calls"] > 10, (fc, fp)
         # the compiled round reduced most calls itself; the Python round none
         assert fc["folded"] > 10 and fp["folded"] == 0, (fc, fp)
+        # and most calls ran in C from the API function on (csrc/swappath.c); without the
+        # compiled core, SwapFast alone (runners/swap.py)
+        assert fc["compiled"] > 10 and "compiled" not in fp, (fc, fp)
 
 
 @pytest.mark.timeout(120)

@@ -63,6 +63,10 @@ BOTH = (
     "tests/transport/test_swap_round.py",
     "tests/security/test_swap_round_attacks.py",
     "tests/transport/test_swap_path.py::test_repeated_calls_give_the_regular_paths_bits[mixed]",
+    # the whole repeated small swap in C (csrc/swappath.c): in process, every decline and
+    # hand-over; and a real job's repeated calls of every dtype and op
+    "tests/transport/test_swap_path_compiled.py",
+    "tests/transport/test_swap_path.py::test_repeated_calls_give_the_regular_paths_bits[bits]",
     # the copy that sidesteps memcpy's skewed case, at every skew and size around its cuts
     "tests/native/test_copy.py",
     f"{SHM}test_battery_with_transport_forced[shm-3]",

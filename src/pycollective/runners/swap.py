@@ -18,6 +18,11 @@ expected, a wait past the polling budget, a lost connection, a partial send) is 
 the group's `finish`, which resumes it through `resume` (TCPTransport.swap_finish: the
 same deadline, probes, abort notices, mismatch and loss errors as `exchange`) and fails
 the call exactly as run_collective's job does.
+
+With the compiled core, `fast_path` puts csrc/swappath.c's SwapPath in front: it runs the
+commonest of these calls (one swap in a frame the read buffer holds, reduced by a compiled
+kernel) in C from the API function on, and calls SwapFast (the reference) for the rest:
+`all_reduce` for what it does not take, `hand_over` for a round that was not plain.
 """
 
 from __future__ import annotations
