@@ -418,7 +418,8 @@ def _vars() -> tuple[Var, ...]:
             "1: while the machine has more runnable tasks than CPUs (/proc/loadavg, read at "
             "most every 5 ms), the shared-memory arena's waits spin and yield briefly and "
             "sleep soon, as with more ranks than cores, so that a peer short of a core gets "
-            "one; 0: they never look at the machine's load.",
+            "one, and a TCP exchange's polling budget may fall to 0 (on a quiet machine it "
+            "stays at 50 us at least); 0: they never look at the machine's load.",
         ),
         Var(
             "PYCOLLECTIVE_SHM_FUTEX",

@@ -50,6 +50,14 @@ class Progress(Matching):
             self._take_back_send()
             self._take_back_recv()
 
+    def _spin_missed(self, spin: float) -> float:
+        """The polling budget after `spin` ran out before the exchange ended: a quarter,
+        down to 0 while the machine is busy, to SPIN_SECONDS at least while it is quiet."""
+        spin = spin / 4 if spin >= 4 * SPIN_MIN else 0.0
+        if spin < SPIN_SECONDS and not self._spin_load.check(time.monotonic()):
+            return SPIN_SECONDS
+        return spin
+
     def _drive_loop(
         self,
         sends: Sequence[OutMessage],
@@ -66,15 +74,18 @@ class Progress(Matching):
         # running arrives within microseconds, where sleeping in the selector adds two
         # context switches to every step (the sender's wake-up of the sleeper, and back).
         # Adapted to what pays: doubled (to SPIN_MAX) when the exchange ends while
-        # polling, quartered (to 0) when it does not, as when ranks outnumber the cores
-        # and a poller only keeps its peer off the core; retried every SPIN_RETRY.
+        # polling, quartered when it does not. It falls to 0 only while the machine is
+        # busy (more runnable tasks than CPUs: ranks outnumber the cores, and a poller
+        # only keeps its peer off the core), retried every SPIN_RETRY exchanges then; on
+        # a quiet machine a peer that missed the budget was held up, not starved by us,
+        # and it stays at SPIN_SECONDS at least, so polling resumes at the next call.
         spin = self._spin
         if spun:  # the caller polled for its budget already (swap), to no avail
-            self._spin = spin / 4 if spin >= 4 * SPIN_MIN else 0.0
+            self._spin = self._spin_missed(spin)
             spin = 0.0
         elif not spin:
             self._unspun += 1
-            if self._unspun >= SPIN_RETRY:
+            if self._unspun >= SPIN_RETRY or not self._spin_load.check(now):
                 self._unspun = 0
                 spin = SPIN_SECONDS
         spin_until = now + spin
@@ -103,7 +114,7 @@ class Progress(Matching):
                 if time.monotonic() < spin_until:
                     timeout = 0.0
                 else:  # polling did not pay this time
-                    self._spin = spin = spin / 4 if spin >= 4 * SPIN_MIN else 0.0
+                    self._spin = spin = self._spin_missed(spin)
             self._pump(timeout)
             self._raise_if_aborted(group, seq, sends, recvs)
             self._raise_if_interrupted()

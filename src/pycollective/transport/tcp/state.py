@@ -62,6 +62,10 @@ class TransportState(Transport):
         # (adapted: see _drive), and exchanges since that last fell to 0.
         self._spin = SPIN_SECONDS
         self._unspun = 0
+        # Whether the machine is busy (more runnable tasks than CPUs): only then does the
+        # budget fall to 0 (PYCOLLECTIVE_LOAD_AWARE=0: never busy, as the arena's waits).
+        aware = _config.get("PYCOLLECTIVE_LOAD_AWARE") != "0"
+        self._spin_load = MachineLoad(None if aware else -1)
         # A swap (see `swap`) left for swap_finish: (error, header, sends, recvs, whether
         # it polled for the whole budget).
         self._swap: tuple | None = None
