@@ -441,18 +441,31 @@ static PyObject *SwapPath_all_reduce(SwapPathObject *f, PyObject *const *args, P
         PyBuffer_Release(&v);
         return ready < 0 ? NULL : PyObject_Vectorcall(f->fallback_all_reduce, args, 2, NULL);
     }
+    /* What the call needs of its signature, taken now: whatever runs Python from here on
+     * (the recorder, the tracker's `begin`, a collection) may let another thread change
+     * the table. */
+    unsigned char head[HEAD_MAX];
+    const size_t head_len = g->head_len, nbytes = (size_t)v.len, isz = g->itemsize;
+    memcpy(head, g->head, head_len);
+    const int fd = g->fd;
+    const pyc_kernel kernel = g->kernel;
+    PyObject *sig = Py_NewRef(g->sig), *conn = Py_NewRef(g->conn), *rbuf = Py_NewRef(g->rbuf);
+    PyObject *into = Py_NewRef(g->into), *result = NULL;
     PyObject *header = header_of(f, g, b->group->seq); /* the seq open takes */
     pyc_booked c;
     int opened = header ? pyc_book_open(b, g->fields, now_ns(), &c) : -1;
+    g = NULL;
     if (opened <= 0) {
         Py_XDECREF(header);
+        Py_DECREF(sig);
+        Py_DECREF(conn);
+        Py_DECREF(rbuf);
+        Py_DECREF(into);
         pyc_book_unlock(b);
         PyBuffer_Release(&v);
         return opened < 0 ? NULL : PyObject_Vectorcall(f->fallback_all_reduce, args, 2, NULL);
     }
     /* From here the call is this path's: it ends done, or handed to SwapFast.hand_over. */
-    PyObject *sig = Py_NewRef(g->sig), *conn = Py_NewRef(g->conn), *rbuf = Py_NewRef(g->rbuf);
-    PyObject *into = Py_NewRef(g->into), *result = NULL;
     /* the call tracker's view (it judges probes and early frames against it) */
     PyObject *bargs[3] = {PyTuple_GET_ITEM(header, f->group_field), header, b->empty_tuple};
     PyObject *begun = PyObject_Vectorcall(f->begin, bargs, 3, NULL);
@@ -467,16 +480,10 @@ static PyObject *SwapPath_all_reduce(SwapPathObject *f, PyObject *const *args, P
         Py_XDECREF(type);
         Py_XDECREF(tb);
     } else {
-        unsigned char head[HEAD_MAX];
-        memcpy(head, g->head, g->head_len);
         uint64_t s = (uint64_t)PyLong_AsLongLong(c.seq);
         for (int k = 0; k < 8; k++) /* little-endian, as _wire packs it */
             head[f->seq_offset + k] = (unsigned char)(s >> (8 * k));
-        const size_t head_len = g->head_len, nbytes = (size_t)v.len, isz = g->itemsize;
-        const int fd = g->fd;
-        pyc_kernel kernel = g->kernel;
         Py_buffer *rb = PyMemoryView_GET_BUFFER(rbuf), *ib = PyMemoryView_GET_BUFFER(into);
-        g = NULL; /* another thread may change the table while this one waits */
         pyc_swap_result r;
         Py_BEGIN_ALLOW_THREADS
         pyc_swap_round(fd, (const char *)head, head_len, v.buf, nbytes, rb->buf,
