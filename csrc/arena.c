@@ -219,15 +219,24 @@ static int64_t claim(ArenaObject *a, int64_t k)
     return j >= 0 && j < k ? j : -1;
 }
 
+/* A rank's error word (SC_ERR) for its single copy: 0, or the errno in the low 32 bits
+ * and, above them, 1 + the rank whose buffer it could not reach. So every rank names
+ * that rank (a process gone: the one killed), not the one that found it gone. */
+static int64_t single_error_word(const call_t *c)
+{
+    return c->err ? (int64_t)c->err | ((int64_t)(c->err_peer + 1) << 32) : 0;
+}
+
 /* A single-copy call's end, after its last phase: our error, else the first peer's error
  * word (which it wrote before that phase) fails the call here too. */
 static int single_verdict(ArenaObject *a, call_t *c)
 {
     for (int q = 0; q < a->size && !c->err; q++) {
         int64_t e = q == a->rank ? 0 : ld(word(a, q, SC_ERR));
-        if (e) {
-            c->err = e > 0 && e < 4096 ? (int)e : EIO; /* a peer's word: data */
-            c->err_peer = q;
+        if (e) { /* a peer's word: data, checked */
+            int64_t code = e & 0xffffffff, at = (e >> 32) - 1;
+            c->err = code > 0 && code < 4096 ? (int)code : EIO;
+            c->err_peer = at >= 0 && at < a->size ? (int)at : q;
         }
     }
     return c->err ? ST_FAILED : ST_DONE;
@@ -310,7 +319,7 @@ static int run_single(ArenaObject *a, call_t *c, int64_t end)
         }
         /* read by the peers after the last phase; rewritten only at our next single
          * copy's last phase, which they cannot reach before reading it */
-        st(word(a, r, SC_ERR), c->err);
+        st(word(a, r, SC_ERR), single_error_word(c));
         c->target = pyc_bump(a);
         WAIT_FOR(c->target);
         return single_verdict(a, c);
@@ -564,7 +573,7 @@ static int run_single_reads(ArenaObject *a, call_t *c, int64_t end)
                      : c->plan.coll == C_BROADCAST    ? bcast_reads(a, c, addr)
                                                       : gather_reads(a, c, addr);
         }
-        st(word(a, a->rank, SC_ERR), c->err);
+        st(word(a, a->rank, SC_ERR), single_error_word(c));
         c->target = pyc_bump(a);
         WAIT_FOR(c->target);
         return single_verdict(a, c);

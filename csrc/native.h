@@ -45,7 +45,7 @@ enum {
     WORDS = 16, EPOCH = 0, SLEEPING = 1, SEQ = 3, KIND = 4, ANN_WORDS = 6, /* KIND..ALGO */
     BUF_FD = 10, BUF_WORDS = 4, /* BUF_FD..BUF_LEN */
     ADDR = 14,  /* the call's buffer in the announcer's address space (single copy), or 0 */
-    SC_ERR = 15 /* the errno that stopped this rank's single copy; 0 if none */
+    SC_ERR = 15 /* what stopped this rank's single copy (arena.c single_error_word); 0: nothing */
 };
 /* Header words (int64, at the segment's start): shm/arena.py. H_CLAIM: the next
  * unclaimed piece of the single-copy call in progress. */

@@ -275,8 +275,9 @@ def test_a_peer_announcing_an_unreachable_buffer_fails_the_call_on_every_rank(co
     assert "EFAULT" in victim[1] and "rank 1" in victim[1], victim[1]
     assert f"single-copy {coll}" in victim[1], victim[1]
     assert victim[2] < 10, victim
-    # rank 0 told the peer through the last phase why (an honest peer would raise too)
-    assert rogue == ("rogue saw", errno.EFAULT), rogue
+    # rank 0 told the peer through the last phase why (an honest peer would raise too):
+    # the errno, and above it 1 + the rank whose buffer it could not reach (rank 1)
+    assert rogue == ("rogue saw", errno.EFAULT | (1 + 1) << 32), rogue
 
 
 def test_the_probe_reaches_only_the_process_that_holds_the_nonce() -> None:

@@ -71,7 +71,8 @@ BUF_INO = 11
 BUF_OFF = 12
 BUF_LEN = 13
 # Single copy (compiled only, csrc/arena.c run_single): the call's buffer address in the
-# announcing process (0: not taking part), and the errno that stopped its copies (0: none),
+# announcing process (0: not taking part), and what stopped its copies (0: none; the
+# errno, and above bit 32 one more than the rank it could not reach: csrc/arena.c),
 # written before the call's last phase.
 ADDR = 14
 SC_ERR = 15

@@ -222,7 +222,8 @@ def probe_peer(pid: int, address: int, nonce: bytes) -> bool:
 def single_copy_error(failure: tuple[int, int], rank: int, collective: str) -> TransportError:
     """The error of a single-copy `collective` (all_reduce, broadcast, all_gather,
     reduce_scatter) that failed on this rank or on a peer (`failure`: the errno and the
-    arena rank it came from; `rank`: that peer's rank as the caller names it). Every rank
+    arena rank whose buffer could not be reached, by this rank or the peer that failed;
+    `rank`: that rank as the caller names it). Every rank
     of the call raises one: no result was returned."""
     code, _ = failure
     name = _errno.errorcode.get(code, str(code))
