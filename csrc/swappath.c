@@ -402,6 +402,20 @@ static PyObject *header_of(SwapPathObject *f, const swap_sig *g, PyObject *seq)
     return h;
 }
 
+/* The exception being raised, taken (never NULL): SwapFast.hand_over gives it to the
+ * call's `finish`, which fails the call with it on this rank and tells the peers. */
+static PyObject *raised(void)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (value && tb)
+        PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return value ? value : Py_NewRef(PyExc_MemoryError); /* (a class: `raise` makes one) */
+}
+
 /* all_reduce(tensor, op) -> True if done (or raised), False: run the Python path */
 static PyObject *SwapPath_all_reduce(SwapPathObject *f, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -470,16 +484,7 @@ static PyObject *SwapPath_all_reduce(SwapPathObject *f, PyObject *const *args, P
     PyObject *bargs[3] = {PyTuple_GET_ITEM(header, f->group_field), header, b->empty_tuple};
     PyObject *begun = PyObject_Vectorcall(f->begin, bargs, 3, NULL);
     Py_XDECREF(begun);
-    if (PyErr_Occurred()) { /* a probe kept for this call disagrees (or no memory) */
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        PyErr_NormalizeException(&type, &value, &tb);
-        if (tb && value)
-            PyException_SetTraceback(value, tb);
-        result = value ? value : Py_NewRef(Py_None);
-        Py_XDECREF(type);
-        Py_XDECREF(tb);
-    } else {
+    if (!PyErr_Occurred()) {
         uint64_t s = (uint64_t)PyLong_AsLongLong(c.seq);
         for (int k = 0; k < 8; k++) /* little-endian, as _wire packs it */
             head[f->seq_offset + k] = (unsigned char)(s >> (8 * k));
@@ -516,6 +521,8 @@ static PyObject *SwapPath_all_reduce(SwapPathObject *f, PyObject *const *args, P
         result = Py_BuildValue("(nniiii)", (Py_ssize_t)r.sent, (Py_ssize_t)r.end, r.send_err,
                                r.recv_status, r.spun, r.landed);
     }
+    if (!result) /* a probe kept for this call disagrees (begin raised), or no memory */
+        result = raised();
     PyBuffer_Release(&v);
     Py_DECREF(conn);
     Py_DECREF(rbuf);
@@ -525,18 +532,16 @@ static PyObject *SwapPath_all_reduce(SwapPathObject *f, PyObject *const *args, P
     PyObject *res = NULL;
     if (pyc_book_hand(b, &c) == 0) {
         f->handed++;
-        if (result) {
-            PyObject *hargs[7] = {sig, obj, header, result, c.seq,
-                                  c.entry ? c.entry : Py_None, c.started};
-            res = PyObject_Vectorcall(f->handed_cb, hargs, 7, NULL);
-        }
+        PyObject *hargs[7] = {sig, obj, header, result, c.seq, c.entry ? c.entry : Py_None,
+                              c.started};
+        res = PyObject_Vectorcall(f->handed_cb, hargs, 7, NULL);
         pyc_booked_release(&c);
         if (res)
             f->calls++;
     }
     Py_DECREF(sig);
     Py_DECREF(header);
-    Py_XDECREF(result);
+    Py_DECREF(result);
     if (!res)
         return NULL;
     Py_DECREF(res);

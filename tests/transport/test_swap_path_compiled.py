@@ -84,6 +84,13 @@ def _peer(t1, seq: int, payload: np.ndarray) -> tuple[threading.Thread, bytearra
     return th, got
 
 
+def _nothing_sent_to(t1) -> None:
+    sock = t1._conns[0].sock
+    sock.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        sock.recv(1)
+
+
 @pytest.mark.timeout(30)
 def test_repeated_calls_are_reduced_in_c_and_leave_the_transport_as_swap_does() -> None:
     t0, t1, fallback, group, _, path = _setup()
@@ -140,9 +147,7 @@ def test_a_call_it_cannot_take_goes_to_swapfast_untouched(why: str) -> None:
         WAIT.on = False
     assert fallback.declined == 1 and path.compiled == 0
     assert group.seq == 0 and np.array_equal(x, np.arange(N, dtype=np.float32))
-    t1._conns[0].sock.setblocking(False)
-    with pytest.raises(BlockingIOError):  # nothing was sent
-        t1._conns[0].sock.recv(1)
+    _nothing_sent_to(t1)
     t0.close()
     t1.close()
 
@@ -204,9 +209,7 @@ def test_a_probe_that_disagrees_hands_the_call_over_with_the_mismatch() -> None:
     assert path.all_reduce(x, ReduceOp.SUM) is True
     ((_, header, error, _),) = fallback.handovers
     assert header.seq == 0 and "count" in str(error)
-    t1._conns[0].sock.setblocking(False)
-    with pytest.raises(BlockingIOError):
-        t1._conns[0].sock.recv(1)
+    _nothing_sent_to(t1)
     t0.close()
     t1.close()
 
@@ -236,3 +239,41 @@ def test_it_is_refused_over_a_transport_without_a_field_it_reads() -> None:
                          type(t0._conns[1]), _wire.Header, 60, WAIT, 200e-6)  # fmt: skip
     t0.close()
     t1.close()
+
+
+class _SettleFails:
+    """A transport whose settling raises: what SwapFast.hand_over must still finish."""
+
+    def __init__(self) -> None:
+        self.refused: list[tuple] = []
+
+    def swap_settle(self, *args) -> None:
+        raise OSError("the settling failed")
+
+    def swap_refused(self, header, error) -> None:
+        self.refused.append((header, error))
+
+
+@pytest.mark.parametrize("settle_fails", [True, False], ids=["settle-raises", "refused"])
+def test_hand_over_always_reaches_finish(settle_fails: bool) -> None:
+    """`finish` alone frees the engine and fails the call on every rank: SwapFast.hand_over
+    reaches it with the error whether the round's settling raised or the call tracker
+    refused the call (C passes that error as the result)."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from pycollective.runners.swap import SwapFast  # noqa: PLC0415
+
+    transport = _SettleFails()
+    finished = []
+    group = SimpleNamespace(world=None, state=None)
+    fast = SwapFast(group, None, SimpleNamespace(enabled=False),
+                    lambda *a: finished.append(a), transport)  # fmt: skip
+    g = SimpleNamespace(peer=1, into=memoryview(bytearray(NBYTES)), prepared="prepared")
+    header = _data_header(5, NBYTES)
+    result = (0, 0, 0, 0, 0, 0) if settle_fails else RuntimeError("a probe disagrees")
+    fast.hand_over(g, np.zeros(N, np.float32), header, result, 5, None, 1.0)
+    ((h, error),) = transport.refused
+    assert h == header
+    assert str(error) == ("the settling failed" if settle_fails else "a probe disagrees")
+    ((prepared, seq, entry, status, started),) = finished
+    assert (prepared, seq, entry, started, status.sig) == ("prepared", 5, None, 1.0, g)

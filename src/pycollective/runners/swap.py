@@ -262,12 +262,16 @@ class SwapFast:
         """A call csrc/swappath.c started and could not finish plainly (result: its
         round's, as swap_round returns it, or the error the call tracker raised): the
         transport's state settled the regular way, then the group's `finish` resumes the
-        call as it does SwapFast's (the engine is this thread's)."""
+        call as it does SwapFast's (the engine is this thread's). `finish` runs whatever
+        happens before it: it alone frees the engine, and fails the call on every rank."""
+        transport = self.transport
         if isinstance(result, tuple):
-            raw = memoryview(obj).cast("B")
-            self.transport.swap_settle(g.peer, header, raw, g.into, result)
+            try:
+                transport.swap_settle(g.peer, header, memoryview(obj).cast("B"), g.into, result)
+            except BaseException as exc:  # noqa: BLE001 - raised through `finish`
+                transport.swap_refused(header, exc)
         else:
-            self.transport.swap_refused(header, result)
+            transport.swap_refused(header, result)
         self.finish(g.prepared, seq, entry, _Resume(g, obj), started)
 
     def all_reduce(self, obj: Any, op: Any) -> bool:
