@@ -16,7 +16,6 @@ import pytest
 from tests.transport.test_swap_path import _data_header, _regular, _transports
 
 from pycollective._load import MachineLoad
-from pycollective.transport.tcp import progress
 from pycollective.transport.tcp.state import SPIN_SECONDS
 
 
@@ -65,7 +64,7 @@ def test_a_zero_budget_polls_again_at_once_only_on_a_quiet_machine(
     selector and counts towards the retry."""
     t0, t1, _, _ = _transports()
     t0._spin_load = _load(tmp_path, runnable)
-    t0._spin, t0._unspun = 0.0, 0
+    t0._spin, t0._unspun = 0.0, 0  # (SPIN_RETRY exchanges from the retry)
     h = _data_header(0, 16)
     got1 = bytearray(16)
     peer = threading.Thread(
@@ -81,6 +80,5 @@ def test_a_zero_budget_polls_again_at_once_only_on_a_quiet_machine(
         assert t0._spin == pytest.approx(2 * SPIN_SECONDS) and t0._unspun == 0
     else:
         assert t0._spin == 0.0 and t0._unspun == 1
-    assert progress.SPIN_RETRY > 1  # (so that one exchange cannot have been the retry)
     t0.close()
     t1.close()

@@ -62,18 +62,15 @@ def compiled_round() -> SwapRound | None:
 
 
 def compiled_swap_path(group_state: object, engine_state: object) -> type | None:
-    """The extension's SwapPath (csrc/swappath.c: the whole repeated small swap in C)
-    where the compiled round is on (`compiled_round`) and the group's and engine's states
-    are the extension's C-owned records it reads, else None."""
-    if compiled_round() is None:
-        return None
-    path = getattr(_native, "SwapPath", None)
-    if not (
+    """The extension's SwapPath (csrc/swappath.c: the whole repeated small swap in C) where
+    the group's and engine's states are the extension's C-owned records it reads, else
+    None. (Its caller has the compiled round, `compiled_round`, or does not ask.)"""
+    if _native is None or not (
         isinstance(group_state, _native.GroupState)
         and isinstance(engine_state, _native.EngineState)
     ):
         return None
-    return path
+    return getattr(_native, "SwapPath", None)
 
 
 # Copies shorter than this stay with memoryview's: glibc's vector moves have no slow case
