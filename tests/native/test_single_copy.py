@@ -325,10 +325,12 @@ def test_set_single_copy_checks_its_arguments() -> None:
         seg.unlink()
 
 
-def _worker_or_idler(name: str, nbytes: int, p: int, r: int, out) -> None:
+def _worker_or_idler(name: str, nbytes: int, p: int, r: int, word: int, out) -> None:
     """Rank 0 runs single copy; rank 1 enters the call (its buffer announced) and then takes
     no piece at all, as a rank the scheduler holds back would not: rank 0 claims every
-    piece, and both buffers must hold the reference's result."""
+    piece, and both buffers must hold the reference's result. Rank 1 then writes `word`
+    as its error word (0: none; tests/security/test_shm_words.py writes hostile ones), and
+    rank 0 reports what it raised, if anything."""
     try:
         dtype = _dtypes.BY_NAME["float32"]
         n = 70001
@@ -338,7 +340,11 @@ def _worker_or_idler(name: str, nbytes: int, p: int, r: int, out) -> None:
         if r == 0:
             me = _Rank(name, nbytes, p, r, 4096)
             x = every[0].copy()
-            me.call("all_reduce", dtype, ReduceOp.SUM, -1, x)
+            try:
+                me.call("all_reduce", dtype, ReduceOp.SUM, -1, x)
+            except TransportError as exc:
+                out.put((r, ("raised", str(exc))))
+                return
             out.put((r, x.tobytes() == want.tobytes()))
             return
         a = arena.Arena(arena.Segment.attach(name, nbytes), p, r, SLOT)
@@ -358,7 +364,7 @@ def _worker_or_idler(name: str, nbytes: int, p: int, r: int, out) -> None:
         wait(a.bump())  # phase 0; then no piece taken here
         target = a.epoch + 1
         wait(target)  # rank 0 has done every piece and entered the last phase
-        a.ctrl[r * arena.WORDS + arena.SC_ERR] = 0
+        a.ctrl[r * arena.WORDS + arena.SC_ERR] = word
         a.bump()
         out.put((r, x.tobytes() == want.tobytes()))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
@@ -367,4 +373,4 @@ def _worker_or_idler(name: str, nbytes: int, p: int, r: int, out) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_rank_that_takes_no_piece_leaves_them_all_to_its_peer() -> None:
-    assert run_on_new_arena(2, SLOT, _worker_or_idler) == {0: True, 1: True}
+    assert run_on_new_arena(2, SLOT, _worker_or_idler, lambda r: (0,)) == {0: True, 1: True}

@@ -265,3 +265,33 @@ def test_the_group_chunk_travels_in_the_header_and_is_checked() -> None:
                 a1.check_header()
     finally:
         seg.unlink()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("word", "errno_name", "rank"),
+    [
+        (5 | 1001 << 32, "EIO", 1),  # errno 5, a rank far past the arena's: its writer
+        (-1, "EIO", 1),  # every bit set: no errno, no rank
+        (1 << 40, "EIO", 1),  # no errno at all, a rank of 65535
+        (99999 | 1 << 32, "EIO", 0),  # an errno past any: EIO; rank 0 is in range
+        (13 | 2 << 32, "EACCES", 1),  # an honest word: errno 13, rank 1
+    ],
+)
+def test_a_peers_single_copy_error_word_is_read_as_data(
+    word: int, errno_name: str, rank: int
+) -> None:
+    """A peer's single-copy error word (csrc/arena.c single_verdict) carries an errno and
+    1 + the rank it could not reach. Written by a hostile peer after a call that went well,
+    it fails the call (every rank must raise alike), with an errno within 1-4095 (else
+    EIO) and a rank of the arena (else the word's writer), never a value out of range."""
+    pytest.importorskip("pycollective._native")  # (single copy is compiled only)
+    from tests._arena_ranks import run_on_new_arena  # noqa: PLC0415
+    from tests.native.test_single_copy import SLOT as CALL_SLOT  # noqa: PLC0415
+    from tests.native.test_single_copy import _worker_or_idler  # noqa: PLC0415
+
+    results = run_on_new_arena(2, CALL_SLOT, _worker_or_idler, lambda r: (word,))
+    status, msg = results[0]
+    assert status == "raised", results
+    assert f"with rank {rank} failed: {errno_name} " in msg, msg
+    assert results[1] is True, results  # (the peer's own buffer holds the result)
