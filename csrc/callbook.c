@@ -60,8 +60,12 @@ int pyc_book_init(pyc_book *b, PyObject *group, PyObject *engine, PyObject *reco
             return -1;
         b->capacity = PyLong_AsSsize_t(cap);
         Py_DECREF(cap);
-        if (b->capacity < 0)
-            return PyErr_Occurred() ? -1 : 0;
+        if (b->capacity < 0) { /* (a path would then read a ring it does not hold) */
+            b->capacity = 0;
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "the recorder's capacity must be >= 0");
+            return -1;
+        }
         if (!(b->ring = PyObject_GetAttr(recorder, s_ring)))
             return -1;
         if (!PyList_CheckExact(b->ring) || PyList_GET_SIZE(b->ring) != b->capacity) {

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -234,6 +235,9 @@ def test_it_is_refused_over_a_transport_without_a_field_it_reads() -> None:
     with pytest.raises(TypeError, match="_closed"):
         t0.compiled_path(_Fallback(t0), group, engine, None, Entry, RUNNING, COMPLETED)
     t0._closed = False
+    bad_recorder = SimpleNamespace(capacity=-1, _ring=[])
+    with pytest.raises(ValueError, match="capacity must be >= 0"):
+        t0.compiled_path(_Fallback(t0), group, engine, bad_recorder, Entry, RUNNING, COMPLETED)
     with pytest.raises(ValueError, match="offset"):
         _native.SwapPath(_Fallback(t0), group, engine, None, Entry, RUNNING, COMPLETED, t0,
                          type(t0._conns[1]), _wire.Header, 60, WAIT, 200e-6)  # fmt: skip
@@ -259,8 +263,6 @@ def test_hand_over_always_reaches_finish(settle_fails: bool) -> None:
     """`finish` alone frees the engine and fails the call on every rank: SwapFast.hand_over
     reaches it with the error whether the round's settling raised or the call tracker
     refused the call (C passes that error as the result)."""
-    from types import SimpleNamespace  # noqa: PLC0415
-
     from pycollective.runners.swap import SwapFast  # noqa: PLC0415
 
     transport = _SettleFails()
