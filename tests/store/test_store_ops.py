@@ -73,10 +73,14 @@ def test_check_delete_num_keys(make_store):
 
 def test_get_blocks_until_a_later_set(make_store):
     reader, writer = make_store(), make_store()
-    threading.Timer(0.2, writer.set, args=("late", "here")).start()
+    timer = threading.Timer(0.2, writer.set, args=("late", "here"))
+    timer.start()
     t0 = time.monotonic()
     assert reader.get("late", timeout=5) == b"here"
     assert 0.15 < time.monotonic() - t0 < 3
+    # the reader can have its answer before the writer has its own: the store must not
+    # be closed under the writer (it would fail in its thread, named in a later test)
+    timer.join(5)
 
 
 def test_wait_released_by_set_and_add(make_store):
@@ -88,9 +92,11 @@ def test_wait_released_by_set_and_add(make_store):
         time.sleep(0.1)
         writer.add("y", 1)
 
-    threading.Thread(target=later).start()
+    writes = threading.Thread(target=later)
+    writes.start()
     reader.wait(["x", "y"], timeout=5)
     assert reader.check(["x", "y"])
+    writes.join(5)
 
 
 def test_get_timeout_names_key_and_time(make_store):
