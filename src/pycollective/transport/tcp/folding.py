@@ -64,7 +64,7 @@ def compiled_round() -> SwapRound | None:
 def compiled_swap_path(group_state: object, engine_state: object) -> type | None:
     """The extension's SwapPath (csrc/swappath.c: the whole repeated small swap in C) where
     the group's and engine's states are the extension's C-owned records it reads, else
-    None. (Its caller has the compiled round, `compiled_round`, or does not ask.)"""
+    None. Its caller (TCPTransport.compiled_path) checks that the compiled round is on."""
     if _native is None or not (
         isinstance(group_state, _native.GroupState)
         and isinstance(engine_state, _native.EngineState)

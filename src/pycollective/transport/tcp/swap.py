@@ -373,8 +373,9 @@ class Swapping(Progress):
         return conn, conn.sock.fileno()
 
     def swap_refused(self, header: Header, error: BaseException) -> None:
-        """A compiled path's swap whose call tracker refused it (a probe kept for this
-        call disagrees): `swap_finish` raises `error`, as `swap` leaves it."""
+        """A compiled path's swap that ended in `error`: its call tracker refused it (a
+        probe kept for this call disagrees), or settling its round raised
+        (SwapFast.hand_over). `swap_finish` raises `error`, as `swap` leaves it."""
         self._swap = (error, header, (), (), False)
 
     def swap_ready(self, peer: int, header: Header) -> bool:
