@@ -111,7 +111,8 @@ def test_an_empty_key_needs_the_loud_opt_out(tmp_path) -> None:
     with pytest.raises(UsageError, match="empty key authenticates nobody"):
         _keys.as_key(b"")
     env = _env(tmp_path, PYCOLLECTIVE_INSECURE="1")
-    key = _keys.job_key(env)
+    with pytest.warns(UserWarning, match="PYCOLLECTIVE_INSECURE=1: this job authenticates nobody"):
+        key = _keys.job_key(env)
     assert key.insecure and key.secret == b""
     assert not (tmp_path / "config" / "pycollective" / "secret").exists()
 
