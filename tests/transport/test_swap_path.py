@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from tests._launch import REPO, describe, run_ranks, tagged
+from tests._launch import REPO, describe, run_ranks, tagged, within
 
 WORKER = REPO / "tests" / "native" / "_fast_worker.py"
 OFF = {"FAST_TEST_OFF": "1"}
@@ -124,7 +124,7 @@ def test_a_peer_killed_while_the_other_waits_in_a_repeated_call_is_named_at_once
     r = results[0]
     (call,) = tagged(r, "RESULT")
     assert call["error"] == "TransportError" and "rank 1" in call["msg"], describe(r)
-    assert call["at"] - killed_at < 0.1, (call["at"] - killed_at, describe(r))
+    assert call["at"] - killed_at < within(0.5), (call["at"] - killed_at, describe(r))
     before, after = tagged(r, "FAST")
     assert after["handed"] == before["handed"] + 1, describe(r)  # it was a repeated call
 
@@ -543,7 +543,7 @@ def test_a_peer_killed_during_repeated_calls_of_two_swaps_is_named_at_once() -> 
     r = results[0]
     (call,) = tagged(r, "RESULT")
     assert call["error"] == "TransportError" and "rank 1" in call["msg"], describe(r)
-    assert call["at"] - killed_at < 0.1, (call["at"] - killed_at, describe(r))
+    assert call["at"] - killed_at < within(0.5), (call["at"] - killed_at, describe(r))
     before, after = tagged(r, "FAST")
     assert after["handed"] == before["handed"] + 1, describe(r)
 
