@@ -106,7 +106,9 @@ def test_a_count_mismatch_after_repeated_calls_raises_on_both_ranks() -> None:
         assert "count differ" in call["msg"] and "#6" in call["msg"], describe(r)
         assert call["elapsed"] < 5.0, describe(r)
         before, after = tagged(r, "FAST")
-        assert before["calls"] == 4, describe(r)  # the first call ran the regular path
+        # the first call ran the regular path; of the other four, one whose peer's frame
+        # came early (in the read buffer already) may too: swap_ready, timing
+        assert 3 <= before["calls"] <= 4, describe(r)
         # Rank 0's call is a repeated signature: its swap path either started it and handed
         # it to Python on the peer's mismatched frame, or declined it (the frame was already
         # there, which timing decides); rank 1's call is another signature: the regular path.
