@@ -26,8 +26,14 @@ class Relay:
         self._listener = socket.create_server((host, 0))
         self.port = self._listener.getsockname()[1]
         self._open: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
         self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._start(self._accept)
+
+    def _start(self, target: Callable[..., None], *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(thread)
+        thread.start()
 
     def _accept(self) -> None:
         while not self._closed:
@@ -42,10 +48,8 @@ class Relay:
                 continue
             upstream.settimeout(None)
             self._open += [client, upstream]
-            threading.Thread(target=self._pipe, args=(client, upstream, "up"), daemon=True).start()
-            threading.Thread(
-                target=self._pipe, args=(upstream, client, "down"), daemon=True
-            ).start()
+            self._start(self._pipe, client, upstream, "up")
+            self._start(self._pipe, upstream, client, "down")
 
     def _pipe(self, src: socket.socket, dst: socket.socket, direction: str) -> None:
         try:
@@ -66,7 +70,14 @@ class Relay:
                     pass
 
     def close(self) -> None:
+        """Stops every thread before any descriptor is freed: a thread still in recv on a
+        closed socket's number could read the next test's connection that reuses it."""
         self._closed = True
+        _shut(self._listener)  # wakes accept()
+        for s in self._open:
+            _shut(s)  # wakes the pipes' recv()
+        for thread in self._threads:
+            thread.join(5)
         self._listener.close()
         for s in self._open:
             s.close()
@@ -82,7 +93,8 @@ class Squatter:
         self.port = self._listener.getsockname()[1]
         self.heard: list[bytes] = []
         self._conns: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
 
     def _accept(self) -> None:
         while True:
@@ -107,9 +119,21 @@ class Squatter:
                 pass
 
     def close(self) -> None:
+        """As Relay.close: the thread ends before the descriptors are freed."""
+        _shut(self._listener)
+        for c in self._conns:
+            _shut(c)
+        self._thread.join(5)
         self._listener.close()
         for c in self._conns:
             c.close()
+
+
+def _shut(s: socket.socket) -> None:
+    try:
+        s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # not connected, or closed already
 
 
 class Flood:
