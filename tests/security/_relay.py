@@ -26,14 +26,10 @@ class Relay:
         self._listener = socket.create_server((host, 0))
         self.port = self._listener.getsockname()[1]
         self._open: list[socket.socket] = []
-        self._threads: list[threading.Thread] = []
+        self._pipes: list[threading.Thread] = []
         self._closed = False
-        self._start(self._accept)
-
-    def _start(self, target: Callable[..., None], *args: object) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        self._threads.append(thread)
-        thread.start()
+        self._acceptor = threading.Thread(target=self._accept, daemon=True)
+        self._acceptor.start()
 
     def _accept(self) -> None:
         while not self._closed:
@@ -48,8 +44,10 @@ class Relay:
                 continue
             upstream.settimeout(None)
             self._open += [client, upstream]
-            self._start(self._pipe, client, upstream, "up")
-            self._start(self._pipe, upstream, client, "down")
+            for args in ((client, upstream, "up"), (upstream, client, "down")):
+                pipe = threading.Thread(target=self._pipe, args=args, daemon=True)
+                self._pipes.append(pipe)
+                pipe.start()
 
     def _pipe(self, src: socket.socket, dst: socket.socket, direction: str) -> None:
         try:
@@ -74,10 +72,11 @@ class Relay:
         closed socket's number could read the next test's connection that reuses it."""
         self._closed = True
         _shut(self._listener)  # wakes accept()
+        self._acceptor.join(5)  # then no connection is added while the pipes stop
         for s in self._open:
             _shut(s)  # wakes the pipes' recv()
-        for thread in self._threads:
-            thread.join(5)
+        for pipe in self._pipes:
+            pipe.join(5)
         self._listener.close()
         for s in self._open:
             s.close()

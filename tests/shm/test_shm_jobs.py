@@ -145,9 +145,7 @@ def test_killed_rank_reaches_every_survivor_within_two_seconds(nprocs, victim, c
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("nprocs,victim,count", [(2, 1, 1), (3, 2, 1 << 20)])
-def test_peers_waiting_for_a_killed_rank_raise_within_a_tenth_of_a_second(
-    nprocs, victim, count
-) -> None:
+def test_peers_waiting_for_a_killed_rank_raise_at_once(nprocs, victim, count) -> None:
     # They wait in the arena's wait (compiled unless PYCOLLECTIVE_NATIVE=0): it hands back
     # to Python every millisecond, which sees the rank's TCP connection go.
     results, steps = _job(

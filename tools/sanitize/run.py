@@ -78,14 +78,14 @@ BOTH = (
     f"{FAST}test_repeated_large_all_reduces_go_by_single_copy_with_the_references_bits[2]",
     f"{FAST}test_flight_recorder_shows_compiled_calls_as_python_ones",
     f"{FAST}test_a_mismatch_after_repeated_calls_raises_on_every_rank[op]",
-    f"{FAST}test_peers_waiting_in_a_compiled_call_for_a_killed_rank_raise_within_a_tenth_of_a_second[3-0-all_reduce]",
-    f"{FAST}test_peers_waiting_in_a_compiled_call_for_a_killed_rank_raise_within_a_tenth_of_a_second[3-2-all_gather]",
+    f"{FAST}test_peers_waiting_in_a_compiled_call_for_a_killed_rank_raise_at_once[3-0-all_reduce]",
+    f"{FAST}test_peers_waiting_in_a_compiled_call_for_a_killed_rank_raise_at_once[3-2-all_gather]",
     f"{FAST}test_a_timeout_in_a_compiled_call_names_the_rank_and_diagnose_finds_it",
     f"{FAST}test_async_calls_and_waiting_threads_keep_their_order",
     # ranks killed with SIGKILL mid-call while the others wait in the compiled arena, and
     # through shared buffers; kill -9 under the launcher
     f"{SHM}test_killed_rank_reaches_every_survivor_within_two_seconds[4-2-64]",
-    f"{SHM}test_peers_waiting_for_a_killed_rank_raise_within_a_tenth_of_a_second[3-2-1048576]",
+    f"{SHM}test_peers_waiting_for_a_killed_rank_raise_at_once[3-2-1048576]",
     f"{SHM}test_kill_9_with_shared_buffers_leaves_nothing_in_dev_shm",
     "tests/faults/test_chaos.py::test_kill_9_reaches_every_survivor_and_the_launcher_names_the_rank[3-11-0.2-1]",
     # the torch backend at 3 ranks: every op, async works completed on its completion
